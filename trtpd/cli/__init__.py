@@ -1,0 +1,1 @@
+"""The `trtpd` command line: one thin module per command."""

@@ -1,0 +1,1 @@
+"""Triton model repositories: strict template rendering and validation."""

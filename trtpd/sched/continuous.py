@@ -1,0 +1,125 @@
+"""Continuous (in-flight) batching with TensorRT-LLM's GUARANTEED_NO_EVICT capacity policy.
+
+Used by the decode role (sequences join once their KV has arrived) and by the colocated role
+(new prompts are prefilled inside decode steps, within a per-step token budget). A sequence is
+admitted only when the blocks for its whole life (prompt + max_new_tokens) can be guaranteed, so a
+running sequence is never evicted. Pure: the caller owns time and tensors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from trtpd.sched.block_allocator import BlockAllocator, num_blocks_for
+
+
+@dataclass(frozen=True)
+class BatchSchedulerConfig:
+    max_batch_size: int = 64
+    max_num_tokens: int = 8192
+    # decode role: admitted sequences receive KV instead of computing, so only max_batch_size binds.
+    prefill_in_step: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size <= 0 or self.max_num_tokens <= 0:
+            raise ValueError(f"max_batch_size ({self.max_batch_size}) and max_num_tokens "
+                             f"({self.max_num_tokens}) must be positive")
+
+
+@dataclass
+class SchedSequence:
+    request_id: str
+    num_prompt_tokens: int
+    max_new_tokens: int
+    arrival_s: float = 0.0
+    block_table: list[int] = field(default_factory=list)
+    num_tokens: int = 0          # tokens whose KV is (or is being) held: prompt, then + generated
+    is_ready: bool = False       # decode role: KV arrived; colocated: prompt prefilled
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.max_new_tokens
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    admitted: tuple[SchedSequence, ...]   # got blocks this step (prefill now, or start the KV pull)
+    decode: tuple[SchedSequence, ...]     # ready sequences that generate one token this step
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.admitted and not self.decode
+
+
+class ContinuousBatchScheduler:
+    def __init__(self, config: BatchSchedulerConfig, allocator: BlockAllocator) -> None:
+        self.config = config
+        self.allocator = allocator
+        self.waiting: deque[SchedSequence] = deque()
+        self.running: list[SchedSequence] = []
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        """Blocks promised to running sequences but not yet allocated."""
+        tpb = self.allocator.tokens_per_block
+        return sum(num_blocks_for(s.max_total_tokens, tpb) - len(s.block_table) for s in self.running)
+
+    def can_ever_admit(self, seq: SchedSequence) -> bool:
+        return num_blocks_for(seq.max_total_tokens, self.allocator.tokens_per_block) <= self.allocator.num_blocks
+
+    def add(self, seq: SchedSequence) -> None:
+        if not self.can_ever_admit(seq):
+            raise ValueError(f"request {seq.request_id}: {seq.max_total_tokens} tokens need more KV blocks than "
+                             f"the cache holds ({self.allocator.num_blocks} x {self.allocator.tokens_per_block})")
+        self.waiting.append(seq)
+
+    def _can_admit(self, seq: SchedSequence) -> bool:
+        need = num_blocks_for(seq.max_total_tokens, self.allocator.tokens_per_block)
+        return self.allocator.num_free_blocks - self.num_reserved_blocks >= need
+
+    def schedule(self) -> StepPlan:
+        decode = [s for s in self.running if s.is_ready]
+        budget = self.config.max_num_tokens - len(decode)
+        admitted: list[SchedSequence] = []
+        while self.waiting and len(self.running) < self.config.max_batch_size:
+            seq = self.waiting[0]
+            if self.config.prefill_in_step and seq.num_prompt_tokens > budget:
+                break
+            if not self._can_admit(seq):
+                break
+            self.waiting.popleft()
+            seq.block_table = self.allocator.allocate(self.allocator.blocks_for(seq.num_prompt_tokens))
+            seq.num_tokens = seq.num_prompt_tokens
+            self.running.append(seq)
+            admitted.append(seq)
+            if self.config.prefill_in_step:
+                budget -= seq.num_prompt_tokens
+        for seq in decode:
+            self._grow(seq)
+        return StepPlan(tuple(admitted), tuple(decode))
+
+    def _grow(self, seq: SchedSequence) -> None:
+        """Makes room for the token this step appends (guaranteed by the reservation)."""
+        seq.num_tokens += 1
+        need = self.allocator.blocks_for(seq.num_tokens) - len(seq.block_table)
+        if need > 0:
+            seq.block_table.extend(self.allocator.allocate(need))
+
+    def finish(self, seq: SchedSequence) -> None:
+        """Frees a sequence's blocks, whether it finished, was cancelled or failed."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.allocator.free(seq.block_table)
+            seq.block_table = []
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def find(self, request_id: str) -> SchedSequence | None:
+        for seq in self.running:
+            if seq.request_id == request_id:
+                return seq
+        for seq in self.waiting:
+            if seq.request_id == request_id:
+                return seq
+        return None
