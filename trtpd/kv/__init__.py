@@ -1,0 +1,1 @@
+"""KV-cache layout, pools and the transfer between prefill and decode instances."""
