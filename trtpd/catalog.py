@@ -121,7 +121,7 @@ CATALOG: dict[str, ModelSpec] = {
         _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768, "mistralai/Mistral-7B-v0.1"),
         # The reference model: small enough that a 1,500-token prefill takes well under a second on
         # two CPU cores, and shaped like Llama (GQA 2:1, SwiGLU, RoPE) so every code path is real.
-        _llama("tiny-llama", 6, 256, 8, 4, 768, 2048, 4096, "trtpd/tiny-llama"),
+        _llama("tiny-llama", 4, 256, 8, 4, 768, 1536, 4096, "trtpd/tiny-llama"),
     )
 }
 

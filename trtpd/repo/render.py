@@ -73,6 +73,7 @@ def render_repository(models: Sequence[ModelPlan], out_dir: Path, *, templates: 
         raise ConfigError(f"{out_dir} already exists; pass --force to replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    staging.chmod(0o755)
     try:
         for plan in models:
             render_model(plan, staging, templates)

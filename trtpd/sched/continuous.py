@@ -78,6 +78,15 @@ class ContinuousBatchScheduler:
         need = num_blocks_for(seq.max_total_tokens, self.allocator.tokens_per_block)
         return self.allocator.num_free_blocks - self.num_reserved_blocks >= need
 
+    def can_admit_next(self) -> bool:
+        """Whether the next waiting sequence would be admitted now (ignoring the step token budget)."""
+        return (bool(self.waiting) and len(self.running) < self.config.max_batch_size
+                and self._can_admit(self.waiting[0]))
+
+    @property
+    def num_ready(self) -> int:
+        return sum(1 for s in self.running if s.is_ready)
+
     def schedule(self) -> StepPlan:
         decode = [s for s in self.running if s.is_ready]
         budget = self.config.max_num_tokens - len(decode)

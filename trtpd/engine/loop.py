@@ -1,0 +1,104 @@
+"""The engine thread: schedule, run, hand outputs back; the seam between an engine and its shell.
+
+Requests and aborts arrive from other threads through `submit`/`abort` (thread-safe); only this
+thread touches the engine. Idle, it sleeps until work arrives, a KV pull completes, or the
+prefill scheduler's next bucket deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from trtpd.engine.request import EngineOutput, EngineRequest
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    def __init__(self, engine, on_output: Callable[[EngineOutput], None], name: str = "engine",
+                 idle_poll_s: float = 0.05) -> None:
+        self.engine = engine
+        self.on_output = on_output
+        self.idle_poll_s = idle_poll_s
+        self._cond = threading.Condition()
+        self._inbox: deque[EngineRequest] = deque()
+        self._aborts: deque[str] = deque()
+        self._stopped = False
+        self.num_steps = 0
+        self.busy_s = 0.0
+        if hasattr(engine, "wakeup"):
+            engine.wakeup = self.wakeup
+        exporter = getattr(engine, "exporter", None)
+        if exporter is not None and hasattr(exporter, "wakeup"):
+            exporter.wakeup = self.wakeup
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, request: EngineRequest) -> None:
+        with self._cond:
+            self._inbox.append(request)
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            self._aborts.append(request_id)
+            self._cond.notify()
+
+    def wakeup(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    def _drain(self) -> list[EngineOutput]:
+        outputs = []
+        with self._cond:
+            inbox, self._inbox = list(self._inbox), deque()
+            aborts, self._aborts = list(self._aborts), deque()
+        for request in inbox:
+            self.engine.add(request)
+        for request_id in aborts:
+            outputs += self.engine.abort(request_id)
+        return outputs
+
+    def _emit(self, outputs: list[EngineOutput]) -> None:
+        for out in outputs:
+            try:
+                self.on_output(out)
+            except Exception:  # a broken response channel must not stop the engine
+                log.exception("delivering output for request %s failed", out.request_id)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+            try:
+                self._emit(self._drain())
+                started = time.perf_counter()
+                outputs = self.engine.step()
+                if outputs:
+                    self.num_steps += 1
+                    self.busy_s += time.perf_counter() - started
+                self._emit(outputs)
+            except Exception:
+                log.exception("engine step failed; the loop continues")
+                outputs = []
+            if outputs or self.engine.has_work():
+                continue
+            with self._cond:
+                if self._inbox or self._aborts or self._stopped:
+                    continue
+                deadline = self.engine.next_wakeup_s()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                # a deadline already past means the engine is blocked (e.g. KV full): wait for a wakeup
+                timeout = self.idle_poll_s if remaining is None or remaining <= 0 else min(self.idle_poll_s, remaining)
+                self._cond.wait(timeout)

@@ -1,0 +1,137 @@
+"""The prefill (context-only) engine: batches prompts, computes their KV, hands it to the exporter.
+
+One step: free blocks the exporter released, let the prefill scheduler pick a batch (length buckets,
+bucket timeout, min batch, cross-bucket fill), register each request with the exporter (its handle
+goes out at once, so decode can start pulling while we compute), run the forward pass marking each
+layer ready as it is written, sample the first tokens and complete the exports. Blocks stay held
+until decode has pulled them or the transfer times out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from trtpd.engine.engine_config import EngineConfig
+from trtpd.engine.model import LlamaModel, SeqChunk
+from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType
+from trtpd.engine.sampler import sample
+from trtpd.kv.pool import KvPool
+from trtpd.sched.block_allocator import BlockAllocator
+from trtpd.sched.prefill import PrefillRequest, PrefillScheduler, PrefillSchedulerConfig
+
+
+@dataclass
+class _Pending:
+    request: EngineRequest
+    block_ids: list[int] | None = None
+
+
+class PrefillEngine:
+    def __init__(self, config: EngineConfig, model: LlamaModel, pool: KvPool, exporter,
+                 clock: Callable[[], float] = time.monotonic, early_handles: bool = True) -> None:
+        self.config = config
+        self.model = model
+        self.pool = pool
+        self.exporter = exporter
+        self.clock = clock
+        self.early_handles = early_handles
+        self.allocator = BlockAllocator(pool.num_blocks, config.tokens_per_block)
+        self.scheduler = PrefillScheduler(PrefillSchedulerConfig(
+            bucket_boundaries_tokens=tuple(config.bucket_boundaries_tokens),
+            bucket_timeout_s=config.bucket_timeout_ms / 1000.0, min_batch_size=config.min_batch_size,
+            max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens))
+        self.waiting: dict[str, _Pending] = {}
+        self.held_blocks: dict[str, list[int]] = {}   # exported, not yet released
+        self.num_completed = 0
+
+    # ---- requests -------------------------------------------------------------------------
+    def validate(self, request: EngineRequest) -> None:
+        if request.request_type is not RequestType.CONTEXT_ONLY:
+            raise RequestError(f"request {request.request_id}: this is a prefill (context-only) instance; send "
+                               f"request_type=context_only (got {request.request_type.value})")
+        n = len(request.prompt_token_ids)
+        if n == 0:
+            raise RequestError(f"request {request.request_id}: empty prompt (input_lengths 0)")
+        if n > self.config.max_input_len:
+            raise RequestError(f"request {request.request_id}: prompt has {n} tokens, above this engine's "
+                               f"max_input_len {self.config.max_input_len}; shorten the prompt")
+
+    def add(self, request: EngineRequest) -> None:
+        self.waiting[request.request_id] = _Pending(request)
+        self.scheduler.add(PrefillRequest(request.request_id, len(request.prompt_token_ids), request.arrival_s))
+
+    def abort(self, request_id: str) -> list[EngineOutput]:
+        if request_id in self.waiting and self.scheduler.remove(request_id):
+            del self.waiting[request_id]
+            return [EngineOutput(request_id, finished=True, finish_reason="cancelled")]
+        if request_id in self.held_blocks:
+            self.exporter.fail(request_id, "cancelled by the client")
+        return []
+
+    # ---- stepping -------------------------------------------------------------------------
+    def _release(self) -> None:
+        for request_id in self.exporter.drain_released():
+            blocks = self.held_blocks.pop(request_id, None)
+            if blocks is not None:
+                self.allocator.free(blocks)
+
+    def has_work(self) -> bool:
+        """Nothing to do before the next bucket deadline or a new request (the loop sleeps until then)."""
+        return False
+
+    def next_wakeup_s(self) -> float | None:
+        return self.scheduler.next_deadline_s()
+
+    def step(self) -> list[EngineOutput]:
+        self._release()
+        now = self.clock()
+        free_tokens = (self.allocator.num_free_blocks - self.config.max_batch_size) * self.config.tokens_per_block
+        batch = self.scheduler.schedule(now, max_tokens_available=max(0, free_tokens))
+        if batch is None:
+            return []
+        outputs: list[EngineOutput] = []
+        chunks, pending = [], []
+        for req in batch.requests:
+            item = self.waiting.pop(req.request_id)
+            item.block_ids = self.allocator.allocate(self.allocator.blocks_for(req.num_tokens))
+            self.held_blocks[req.request_id] = item.block_ids
+            handle = self.exporter.register(req.request_id, item.block_ids, req.num_tokens)
+            if self.early_handles:
+                outputs.append(EngineOutput(req.request_id, context_phase_params=handle,
+                                            perf={"prefill_queue_s": now - item.request.arrival_s}))
+            chunks.append(SeqChunk(item.request.prompt_token_ids, 0, item.block_ids))
+            pending.append(item)
+        ids = batch.request_ids
+        started = self.clock()
+        try:
+            with torch.inference_mode():
+                logits = self.model.forward(chunks, self.pool,
+                                            on_layer_done=lambda layer: self.exporter.mark_layers_ready(ids, layer))
+        except Exception as exc:  # the batch failed: release its KV, fail its requests, keep serving
+            for item in pending:
+                self.exporter.fail(item.request.request_id, f"prefill failed: {exc}")
+            return outputs + [EngineOutput(i, finished=True, finish_reason="error", error=f"prefill failed: {exc}")
+                              for i in ids]
+        compute_s = self.clock() - started
+        for row, item in enumerate(pending):
+            req = item.request
+            token = sample(logits[row], req.sampling, len(req.prompt_token_ids))
+            handle = self.exporter.complete(req.request_id, token)
+            self.num_completed += 1
+            outputs.append(EngineOutput(
+                req.request_id, new_token_ids=[token], sequence_length=len(req.prompt_token_ids) + 1,
+                finished=True, finish_reason="length" if req.max_new_tokens <= 1 else None,
+                context_phase_params=handle,
+                perf={"prefill_queue_s": started - req.arrival_s, "prefill_compute_s": compute_s,
+                      "prefill_batch_size": float(len(pending)), "prefill_batch_tokens": float(batch.num_tokens)}))
+        return outputs
+
+    def stats(self) -> dict[str, float]:
+        return {"free_blocks": self.allocator.num_free_blocks, "used_blocks": self.allocator.num_used_blocks,
+                "max_blocks": self.allocator.num_blocks, "tokens_per_block": self.config.tokens_per_block,
+                "waiting": self.scheduler.num_waiting, "active": len(self.held_blocks),
+                "completed": self.num_completed}
