@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,8 @@ def load_engine(engine_dir: Path, kv: KvTransferOptions | None = None, role: Rol
     if role is Role.PREFILL:
         from trtpd.engine.prefill_engine import PrefillEngine
         from trtpd.kv.exporter import KvExporter
-        shm_name = f"trtpd_kv_{uuid.uuid4().hex[:12]}" if kv.transport == "shm" else None
+        prefix = os.environ.get("TRTPD_SHM_PREFIX", "trtpd_")
+        shm_name = f"{prefix}kv_{uuid.uuid4().hex[:12]}" if kv.transport == "shm" else None
         pool = KvPool(layout, config.num_kv_blocks, shm_name=shm_name)
         exporter = KvExporter(pool, key, transport=kv.transport, host=kv.host, port=kv.port,
                               transfer_timeout_s=config.kv_transfer_timeout_ms / 1000.0)

@@ -57,6 +57,7 @@ def render_model(plan: ModelPlan, out_dir: Path, templates: Path) -> Path:
         target = dst / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
+    (dst / "1").mkdir(exist_ok=True)   # Triton loads version folders; an ensemble's is empty
     return dst
 
 

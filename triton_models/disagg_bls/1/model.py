@@ -1,0 +1,1 @@
+from trtpd.serving.bls_model import DisaggBls as TritonPythonModel  # noqa: F401

@@ -1,0 +1,1 @@
+from trtpd.serving.text_models import Postprocessing as TritonPythonModel  # noqa: F401

@@ -1,0 +1,1 @@
+from trtpd.serving.role_model import RoleModel as TritonPythonModel  # noqa: F401

@@ -1,0 +1,108 @@
+"""The model repository for the CPU reference backend, disaggregated or colocated.
+
+disaggregated: ensemble -> preprocessing -> disagg_bls -> {prefill, decode} -> postprocessing
+colocated:     ensemble -> preprocessing -> disagg_bls -> colocated -> postprocessing
+Both modes use the same ensemble, pre/post-processing and orchestrator, so they are compared on
+the same wiring. The deployment's KV signing key is generated next to the repository (0600).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtpd.engine.build import engine_dir
+from trtpd.engine.checkpoint import load_checkpoint
+from trtpd.engine.engine_config import EngineConfig, Role
+from trtpd.errors import ConfigError
+from trtpd.repo.render import ModelPlan, render_repository
+
+MODES = ("disaggregated", "colocated")
+KV_TRANSPORTS = ("shm", "tcp")
+KEY_FILE = "kv.key"
+
+
+@dataclass(frozen=True)
+class ReferenceDeployment:
+    build_root: Path                 # engines/<model>/reference-<kv>/
+    mode: str = "disaggregated"
+    kv_transport: str = "shm"
+    prefill_instances: int = 1
+    decode_instances: int = 1
+    colocated_instances: int = 2
+    bls_instances: int = 1
+    max_batch_size: int = 64
+    prefill_engine: Path | None = None   # override (e.g. a deliberately mismatched decode engine)
+    decode_engine: Path | None = None
+
+    def engine(self, role: Role) -> Path:
+        override = {Role.PREFILL: self.prefill_engine, Role.DECODE: self.decode_engine}.get(role)
+        if override is not None:
+            return Path(override).resolve()
+        root = Path(self.build_root)
+        path = root / f"{role.value}-tp1"
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path}: no {role.value} engine; build it with "
+                              f"`trtpd build --backend reference --model <model>`")
+        return path.resolve()
+
+
+def check_pair(prefill: Path, decode: Path) -> list[str]:
+    """KV compatibility of two reference engines (the lint rules the decode side enforces at runtime)."""
+    configs = [EngineConfig.load(prefill), EngineConfig.load(decode)]
+    layouts = [load_checkpoint(c.checkpoint_path(p)).layout(c.tokens_per_block) for c, p in zip(configs, (prefill, decode))]
+    problems = layouts[0].mismatches(layouts[1])
+    if configs[1].max_input_len < configs[0].max_input_len:
+        problems.append(f"decode max_input_len {configs[1].max_input_len} < prefill max_input_len "
+                        f"{configs[0].max_input_len}: decode would refuse the longest prompts; rebuild decode")
+    return problems
+
+
+def repository_plan(dep: ReferenceDeployment, key_file: Path) -> list[ModelPlan]:
+    if dep.mode not in MODES:
+        raise ConfigError(f"mode {dep.mode!r}: use one of {', '.join(MODES)}")
+    if dep.kv_transport not in KV_TRANSPORTS:
+        raise ConfigError(f"kv_transport {dep.kv_transport!r}: use one of {', '.join(KV_TRANSPORTS)}")
+    roles = [Role.PREFILL, Role.DECODE] if dep.mode == "disaggregated" else [Role.COLOCATED]
+    engines = {role: dep.engine(role) for role in roles}
+    first = EngineConfig.load(engines[roles[0]])
+    checkpoint = first.checkpoint_path(engines[roles[0]])
+    common = {"max_batch_size": dep.max_batch_size}
+    counts = {Role.PREFILL: dep.prefill_instances, Role.DECODE: dep.decode_instances,
+              Role.COLOCATED: dep.colocated_instances}
+    plans = [
+        ModelPlan("preprocessing", "preprocessing", {**common, "tokenizer_dir": checkpoint, "instance_count": 1,
+                                                     "max_input_len": first.max_input_len,
+                                                     "max_output_len": first.max_output_len}),
+        ModelPlan("postprocessing", "postprocessing", {**common, "tokenizer_dir": checkpoint, "instance_count": 1}),
+        ModelPlan("disagg_bls", "disagg_bls", {**common, "mode": dep.mode, "context_model_name": "prefill",
+                                               "generation_model_name": "decode", "colocated_model_name": "colocated",
+                                               "instance_count": dep.bls_instances}),
+        ModelPlan("ensemble", "ensemble", {**common, "preprocessing_model": "preprocessing",
+                                           "bls_model": "disagg_bls", "postprocessing_model": "postprocessing"}),
+    ]
+    for role in roles:
+        plans.append(ModelPlan(role.value, "reference", {
+            **common, "role": role.value, "engine_dir": engines[role], "kv_transport": dep.kv_transport,
+            "kv_key_file": key_file.resolve(), "num_threads": 1, "instance_count": counts[role]}))
+    return plans
+
+
+def render_reference_repository(dep: ReferenceDeployment, out_dir: Path, *, overwrite: bool = False,
+                                check_compatibility: bool = True) -> Path:
+    from trtpd.kv.handle import load_or_create_key_file
+
+    if dep.mode == "disaggregated" and check_compatibility:
+        problems = check_pair(dep.engine(Role.PREFILL), dep.engine(Role.DECODE))
+        if problems:
+            raise ConfigError("prefill and decode engines are not compatible:\n  " + "\n  ".join(problems))
+    out_dir = Path(out_dir).resolve()
+    key_file = out_dir.parent / f"{out_dir.name}.{KEY_FILE}"
+    plans = repository_plan(dep, key_file)
+    render_repository(plans, out_dir, overwrite=overwrite)
+    load_or_create_key_file(key_file)
+    return out_dir
+
+
+def default_build_root(engines_dir: Path, model: str, kv_dtype: str) -> Path:
+    return engine_dir(engines_dir, model, kv_dtype, Role.PREFILL).parent

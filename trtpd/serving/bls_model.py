@@ -1,0 +1,193 @@
+"""Triton python model `disagg_bls`: the orchestrator in front of the role models.
+
+Disaggregated mode, per request (on its own thread):
+1. send the request to the prefill model with request_type=context_only (streaming, so its signed
+   context_phase_params arrive as soon as the batch is scheduled, before the KV is computed);
+2. on that handle, start the decode request (request_type=generation_only) on a second thread, so
+   decode pulls the KV layer by layer while prefill computes;
+3. stream prefill's first token to the client immediately (TensorRT-LLM's BLS does not: there the
+   first token waits for a generation hop), then the decode tokens after it (decode repeats the
+   first token, which is checked and dropped).
+A non-streaming request gets one response with all tokens. Colocated mode forwards the request to
+the colocated model. Errors from either side reach the client as a Triton error.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtpd.serving.pb import error_response, model_parameters, tensor
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temperature",
+             "runtime_top_k", "runtime_top_p", "seed")
+ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params", "prefill_queue_ms",
+                "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms"]
+PERF_NAMES = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
+_DONE = object()
+
+
+class BlsError(Exception):
+    def __init__(self, message: str, kind: str = "invalid_arg") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _outputs(response) -> dict[str, np.ndarray]:
+    if response.has_error():
+        raise BlsError(response.error().message())
+    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
+def _tokens(outputs: dict) -> list[int]:
+    ids = outputs.get("output_ids")
+    return [] if ids is None else [int(t) for t in ids.reshape(-1)]
+
+
+class _Job:
+    """One client request's state."""
+
+    def __init__(self, request) -> None:
+        self.request = request
+        self.sender = request.get_response_sender()
+        self.inputs = {n: t for n in FORWARDED if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None}
+        streaming = pb_utils.get_input_tensor_by_name(request, "streaming")
+        self.streaming = bool(streaming is not None and streaming.as_numpy().reshape(-1)[0])
+        self.max_tokens = int(self.inputs["request_output_len"].as_numpy().reshape(-1)[0])
+        end = self.inputs.get("end_id")
+        self.end_id = None if end is None else int(end.as_numpy().reshape(-1)[0])
+        self.prompt_len = int(self.inputs["input_lengths"].as_numpy().reshape(-1)[0])
+        self.tokens: list[int] = []
+        self.perf: dict[str, np.ndarray] = {}
+        self.finished = False
+
+    def is_last(self, token: int) -> bool:
+        return len(self.tokens) >= self.max_tokens or (self.end_id is not None and token == self.end_id)
+
+    def send_tokens(self, new: list[int]) -> None:
+        """Streams (or collects) tokens; sends FINAL with the last one."""
+        for token in new:
+            if self.finished:
+                return
+            self.tokens.append(token)
+            last = self.is_last(token)
+            if self.streaming:
+                self._send([token], final=last)
+            elif last:
+                self._send(self.tokens, final=True)
+            self.finished = last
+
+    def _send(self, tokens: list[int], final: bool) -> None:
+        tensors = [tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
+                   tensor("sequence_length", np.array([[self.prompt_len + len(self.tokens)]], dtype=np.int32))]
+        if final:
+            tensors += [tensor(n, v) for n, v in self.perf.items()]
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+
+    def fail(self, message: str, kind: str = "invalid_arg") -> None:
+        if not self.finished:
+            self.finished = True
+            self.sender.send(error_response(message, kind), flags=FINAL)
+
+
+class DisaggBls:
+    def initialize(self, args: dict) -> None:
+        params = model_parameters(args)
+        self.mode = params.get("mode", "disaggregated")
+        self.context_model = params.get("context_model_name", "prefill")
+        self.generation_model = params.get("generation_model_name", "decode")
+        self.colocated_model = params.get("colocated_model_name", "colocated")
+        if self.mode not in ("disaggregated", "colocated"):
+            raise ValueError(f"disagg_bls: parameter mode={self.mode!r}; use disaggregated or colocated")
+
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self._serve, args=(request,), daemon=True).start()
+        return None
+
+    def _sub_request(self, job: _Job, model: str, request_type: str | None, extra: list) -> object:
+        inputs = list(job.inputs.values()) + [tensor("streaming", np.array([[True]], dtype=np.bool_))] + extra
+        params = {"request_type": request_type} if request_type else {}
+        return pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=ROLE_OUTPUTS,
+                                         parameters=params)
+
+    def _serve(self, request) -> None:
+        try:
+            job = _Job(request)
+        except Exception as exc:  # missing required inputs
+            request.get_response_sender().send(error_response(f"disagg_bls: bad request: {exc}"), flags=FINAL)
+            return
+        try:
+            if self.mode == "colocated":
+                self._colocated(job)
+            else:
+                self._disaggregated(job)
+            if not job.finished:
+                job.fail("the engine ended the request without its final token", "internal")
+        except BlsError as exc:
+            job.fail(str(exc), exc.kind)
+        except Exception as exc:
+            job.fail(f"disagg_bls: {type(exc).__name__}: {exc}", "internal")
+
+    def _keep_perf(self, job: _Job, outputs: dict) -> None:
+        for name in PERF_NAMES:
+            if name in outputs:
+                job.perf[name] = outputs[name]
+
+    def _colocated(self, job: _Job) -> None:
+        for response in self._sub_request(job, self.colocated_model, None, []).exec(decoupled=True):
+            outputs = _outputs(response)
+            self._keep_perf(job, outputs)
+            job.send_tokens(_tokens(outputs))
+
+    def _disaggregated(self, job: _Job) -> None:
+        decode_queue: queue.Queue = queue.Queue()
+        decode_thread = None
+        first_token = None
+        for response in self._sub_request(job, self.context_model, "context_only", []).exec(decoupled=True):
+            outputs = _outputs(response)
+            self._keep_perf(job, outputs)
+            handle = outputs.get("context_phase_params")
+            if decode_thread is None and handle is not None:
+                decode_thread = threading.Thread(target=self._decode, args=(job, handle, decode_queue), daemon=True)
+                decode_thread.start()
+            tokens = _tokens(outputs)
+            if tokens and first_token is None:
+                first_token = tokens[0]
+                job.send_tokens([first_token])
+        if decode_thread is None:
+            raise BlsError(f"{self.context_model} returned no context_phase_params", "internal")
+        skipped_first = False
+        while True:
+            item = decode_queue.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BlsError):
+                raise item
+            self._keep_perf(job, item)
+            tokens = _tokens(item)
+            if tokens and not skipped_first:
+                skipped_first = True
+                if first_token is not None and tokens[0] != first_token:
+                    raise BlsError(f"decode's first token {tokens[0]} differs from prefill's {first_token}", "internal")
+                tokens = tokens[1:]
+            job.send_tokens(tokens)
+        decode_thread.join()
+
+    def _decode(self, job: _Job, handle: np.ndarray, out: queue.Queue) -> None:
+        try:
+            extra = [tensor("context_phase_params", handle.reshape(1, -1).astype(np.uint8))]
+            for response in self._sub_request(job, self.generation_model, "generation_only", extra).exec(decoupled=True):
+                outputs = _outputs(response)
+                if outputs:
+                    out.put(outputs)
+        except BlsError as exc:
+            out.put(exc)
+        except Exception as exc:
+            out.put(BlsError(f"{self.generation_model}: {type(exc).__name__}: {exc}", "internal"))
+        finally:
+            out.put(_DONE)

@@ -1,0 +1,45 @@
+"""Small helpers over triton_python_backend_utils (only importable inside the python backend stub)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+ERROR_CODES = {
+    "invalid_arg": "INVALID_ARG",
+    "unavailable": "UNAVAILABLE",
+    "internal": "INTERNAL",
+    "cancelled": "CANCELLED",
+}
+
+
+def model_parameters(args: dict) -> dict[str, str]:
+    config = json.loads(args["model_config"])
+    return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
+
+
+def triton_error(message: str, kind: str = "invalid_arg"):
+    code = getattr(pb_utils.TritonError, ERROR_CODES.get(kind, "INTERNAL"), None)
+    return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
+def error_response(message: str, kind: str = "invalid_arg"):
+    return pb_utils.InferenceResponse(output_tensors=[], error=triton_error(message, kind))
+
+
+def input_getter(request):
+    def get(name: str):
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return None if tensor is None else tensor.as_numpy()
+    return get
+
+
+def request_label(request) -> str:
+    rid = request.request_id()
+    return f"request {rid}" if rid else "request"
+
+
+def tensor(name: str, value) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.ascontiguousarray(value))

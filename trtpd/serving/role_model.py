@@ -1,0 +1,146 @@
+"""Triton python model for a reference-engine role (prefill, decode or colocated).
+
+Decoupled: `execute` validates each request (clear INVALID_ARG errors, the server stays up),
+hands it to the engine thread and returns; outputs come back through each request's response
+sender. Streaming requests get one response per new token; others one response at the end.
+A watcher thread turns client cancellations into engine aborts and publishes metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtpd.engine.engine_config import Role
+from trtpd.engine.loader import KvTransferOptions, load_engine
+from trtpd.engine.loop import EngineLoop
+from trtpd.engine.request import EngineOutput, RequestError
+from trtpd.errors import TrtpdError
+from trtpd.serving.metrics import RoleMetrics
+from trtpd.serving.pb import error_response, input_getter, model_parameters, tensor
+from trtpd.serving.request_parsing import parse_parameters, parse_request
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+PERF_OUTPUTS = {"prefill_queue_s": "prefill_queue_ms", "prefill_compute_s": "prefill_compute_ms",
+                "kv_transfer_s": "kv_transfer_ms", "decode_queue_s": "decode_queue_ms"}
+
+
+@dataclass
+class _Active:
+    sender: object
+    streaming: bool
+    tokens: list[int] = field(default_factory=list)
+    perf: dict[str, float] = field(default_factory=dict)
+    handle: bytes | None = None
+
+
+def perf_tensors(perf: dict[str, float]) -> list:
+    out = [tensor(name, np.array([[perf[key] * 1000.0]], dtype=np.float32))
+           for key, name in PERF_OUTPUTS.items() if key in perf]
+    if "kv_bytes" in perf:
+        out.append(tensor("kv_transfer_bytes", np.array([[int(perf["kv_bytes"])]], dtype=np.int64)))
+    return out
+
+
+class RoleModel:
+    def initialize(self, args: dict) -> None:
+        params = model_parameters(args)
+        self.model_name = args["model_name"]
+        self.role = Role(params["role"])
+        kv = KvTransferOptions(transport=params.get("kv_transport", "shm"),
+                               key_file=Path(params["kv_key_file"]) if params.get("kv_key_file") else None)
+        self.loaded = load_engine(Path(params["engine_dir"]), kv, self.role)
+        self.active: dict[str, _Active] = {}
+        self.lock = threading.Lock()
+        self.metrics = RoleMetrics(self.model_name, args.get("model_version", "1"))
+        self.loop = EngineLoop(self.loaded.engine, self._on_output, name=f"{self.model_name}-engine")
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name=f"{self.model_name}-watch", daemon=True)
+        self._watcher.start()
+
+    # ---- requests in ----------------------------------------------------------------------
+    def execute(self, requests):
+        now = time.monotonic()
+        for request in requests:
+            sender = request.get_response_sender()
+            request_id = request.request_id() or uuid.uuid4().hex
+            try:
+                req = parse_request(input_getter(request), parse_parameters(request.parameters()), request_id, now)
+                self.loaded.engine.validate(req)
+            except (RequestError, TrtpdError, ValueError) as exc:
+                sender.send(error_response(str(exc), getattr(exc, "kind", "invalid_arg")), flags=FINAL)
+                continue
+            with self.lock:
+                if request_id in self.active:
+                    request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+                    req.request_id = request_id
+                self.active[request_id] = _Active(sender, req.streaming)
+            self.loop.submit(req)
+        return None
+
+    # ---- outputs out ----------------------------------------------------------------------
+    def _on_output(self, out: EngineOutput) -> None:
+        with self.lock:
+            active = self.active.get(out.request_id)
+            if active is not None and out.finished:
+                del self.active[out.request_id]
+        if active is None:
+            return
+        if "kv_transfer_s" in out.perf:
+            self.metrics.record_transfer(out.perf["kv_transfer_s"])
+        if out.error is not None:
+            active.sender.send(error_response(out.error, out.error_kind), flags=FINAL)
+            return
+        if out.finish_reason == "cancelled":
+            active.sender.send(flags=FINAL)
+            return
+        active.perf.update(out.perf)
+        active.handle = out.context_phase_params or active.handle
+        if active.streaming:
+            if out.new_token_ids or out.context_phase_params or out.finished:
+                active.sender.send(self._response(out.new_token_ids, out.sequence_length,
+                                                  out.context_phase_params, out.perf),
+                                   flags=FINAL if out.finished else 0)
+            return
+        active.tokens.extend(out.new_token_ids)
+        if out.finished:
+            active.sender.send(self._response(active.tokens, out.sequence_length, active.handle, active.perf),
+                               flags=FINAL)
+
+    def _response(self, tokens: list[int], sequence_length: int, handle: bytes | None, perf: dict):
+        tensors = [tensor("output_ids", np.array([[tokens]], dtype=np.int32).reshape(1, 1, len(tokens))),
+                   tensor("sequence_length", np.array([[sequence_length]], dtype=np.int32))]
+        if handle:
+            tensors.append(tensor("context_phase_params", np.frombuffer(handle, dtype=np.uint8).reshape(1, -1)))
+        tensors += perf_tensors(perf)
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    # ---- cancellation and metrics ---------------------------------------------------------
+    def _watch(self) -> None:
+        last_metrics = 0.0
+        while not self._stop.wait(0.02):
+            with self.lock:
+                cancelled = [rid for rid, a in self.active.items() if a.sender.is_cancelled()]
+                for rid in cancelled:
+                    del self.active[rid]
+            for rid in cancelled:
+                self.loop.abort(rid)
+            now = time.monotonic()
+            if now - last_metrics >= 0.1:
+                last_metrics = now
+                try:
+                    self.metrics.update(self.loaded.engine.stats(), self.loaded.config.max_batch_size)
+                except Exception:
+                    pass
+
+    def finalize(self) -> None:
+        self._stop.set()
+        self._watcher.join(2.0)
+        self.loop.stop()
+        self.loaded.close()

@@ -1,0 +1,229 @@
+"""Start, wait for and stop the real Triton Inference Server binary that nvidia-pytriton ships.
+
+The python backend's stub embeds Python in isolated mode: it ignores PYTHONPATH and finds its
+site-packages from the `python3` first on PATH (reading the pyvenv.cfg next to it), so this
+interpreter's bin/ goes first on PATH. The stub is linked against libpython3.X; the interpreter's
+own LIBDIR goes first on LD_LIBRARY_PATH, or a system libpython of another patch level is loaded
+and ssl-using packages fail (environment.md, python-backend pitfalls 1 and 2).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trtpd.errors import TrtpdError
+
+SHM_DIR = Path("/dev/shm")
+
+
+class ServerError(TrtpdError):
+    """tritonserver failed to start or stop."""
+
+
+def pytriton_dir() -> Path:
+    try:
+        import pytriton
+    except ImportError:
+        raise ServerError("nvidia-pytriton is not installed; run scripts/setup.sh") from None
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def tritonserver_binary() -> Path:
+    path = pytriton_dir() / "bin" / "tritonserver"
+    if not path.is_file():
+        raise ServerError(f"{path} not found; reinstall nvidia-pytriton==0.7.0")
+    return path
+
+
+def prepare_backend_dir(state_dir: Path) -> Path:
+    """A backend folder holding the python backend and the stub for this Python version (idempotent)."""
+    src = pytriton_dir()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = src / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"no python backend stub for Python {version} in nvidia-pytriton ({stub})")
+    dst = Path(state_dir) / "backends" / "python"
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in (src / "backends" / "python" / "libtriton_python.so",
+                 src / "backends" / "python" / "triton_python_backend_utils.py", stub):
+        target = dst / path.name
+        if not target.exists() or target.stat().st_size != path.stat().st_size:
+            shutil.copy2(path, target)
+    return dst.parent
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    libdirs = [sysconfig.get_config_var("LIBDIR") or "", str(pytriton_dir().parent.parent / "nvidia_pytriton.libs")]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([d for d in libdirs if d] + [env.get("LD_LIBRARY_PATH", "")]).rstrip(os.pathsep)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class ServerPorts:
+    http: int
+    grpc: int
+    metrics: int
+
+    @classmethod
+    def pick(cls, host: str = "127.0.0.1") -> "ServerPorts":
+        ports: set[int] = set()
+        while len(ports) < 3:
+            ports.add(free_port(host))
+        http, grpc, metrics = sorted(ports)
+        return cls(http, grpc, metrics)
+
+
+@dataclass
+class ServerProcess:
+    pid: int
+    host: str
+    ports: ServerPorts
+    repo: str
+    log_path: str
+    shm_prefix: str
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ServerProcess":
+        return cls(**{**d, "ports": ServerPorts(**d["ports"])})
+
+    def is_alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:  # a zombie child counts as gone
+            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
+        except (FileNotFoundError, IndexError):
+            return False
+
+    def is_ready(self, timeout_s: float = 1.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=timeout_s) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+
+def log_tail(path: str | Path, num_lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-num_lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports: ServerPorts | None = None,
+                 log_path: Path | None = None, extra_args: list[str] | None = None) -> ServerProcess:
+    """Starts tritonserver in the background (its own session) and returns without waiting."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    backends = prepare_backend_dir(state_dir)
+    ports = ports or ServerPorts.pick(host)
+    for name, port in asdict(ports).items():
+        if not port_is_free(port, host):
+            raise ServerError(f"{name} port {port} on {host} is in use; pick another or omit it to choose a free one")
+    log_path = Path(log_path or state_dir / "tritonserver.log")
+    shm_prefix = f"trtpd{ports.http}_"
+    cmd = [str(tritonserver_binary()), f"--model-repository={Path(repo).resolve()}",
+           f"--backend-directory={backends}", f"--http-address={host}", f"--grpc-address={host}",
+           f"--metrics-address={host}", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
+           f"--metrics-port={ports.metrics}", "--disable-auto-complete-config",
+           f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+           "--metrics-config=summary_latencies=true", "--log-verbose=0", *(extra_args or [])]
+    with open(log_path, "ab") as log:
+        log.write(("\n$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        env = server_env()
+        env["TRTPD_SHM_PREFIX"] = shm_prefix   # KV pools in /dev/shm carry it, so stop_server cleans them up
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=state_dir, start_new_session=True)
+    return ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix)
+
+
+def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.is_ready():
+            return
+        if not server.is_alive():
+            raise ServerError(f"tritonserver exited during startup; last log lines ({server.log_path}):\n"
+                              f"{log_tail(server.log_path)}")
+        time.sleep(poll_s)
+    raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines ({server.log_path}):\n"
+                      f"{log_tail(server.log_path)}")
+
+
+def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
+    """SIGTERM, wait for exit (python stubs shut down cleanly), SIGKILL the group if it hangs."""
+    if server.is_alive():
+        try:
+            os.kill(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while server.is_alive() and time.monotonic() < deadline:
+            _reap(server.pid)
+            time.sleep(0.1)
+        if server.is_alive():
+            try:
+                os.killpg(server.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _reap(server.pid)
+    _reap(server.pid)
+    for leftover in SHM_DIR.glob(f"{server.shm_prefix}*"):
+        leftover.unlink(missing_ok=True)
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
