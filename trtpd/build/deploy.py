@@ -1,0 +1,110 @@
+"""Everything a GPU deployment needs next to the engines, planned as data and written all-or-nothing.
+
+`engines/<model>/deploy/` holds:
+  model_repository/   ensemble, preprocessing, postprocessing, disagg_bls (shared templates) and
+                      prefill, decode (tensorrtllm backend)
+  launch_triton.sh    one MPI world (orchestrator + context + generation ranks)
+  trtllm-serve/       prefill.yaml, decode.yaml, disagg.yaml, launch.sh (UCX/NIXL path)
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtpd.build.gpu_repo import plan_role_models
+from trtpd.build.launch import TritonPorts, render_triton_launch
+from trtpd.build.mpi_world import MpiWorld, plan_mpi_world
+from trtpd.build.plan import BuildPlan
+from trtpd.build.serve_config import ServeLayout, render_serve_files
+from trtpd.errors import ConfigError
+from trtpd.repo.render import ModelPlan, render_repository, templates_dir
+
+SHARED_TEMPLATES = ("ensemble", "preprocessing", "postprocessing", "disagg_bls")
+REPO_DIR = "model_repository"
+TRITON_LAUNCH = "launch_triton.sh"
+SERVE_DIR = "trtllm-serve"
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    deploy_dir: Path
+    world: MpiWorld
+    models: list[ModelPlan]
+    files: dict[str, str] = field(default_factory=dict)     # relative to deploy_dir
+
+    @property
+    def repo_dir(self) -> Path:
+        return self.deploy_dir / REPO_DIR
+
+
+def shared_model_plans(plan: BuildPlan, tokenizer_dir: str) -> list[ModelPlan]:
+    """ensemble -> preprocessing -> disagg_bls (prefill, then decode) -> postprocessing."""
+    r = plan.request
+    batch = max(r.prefill.max_batch_size, r.decode.max_batch_size)
+    return [
+        ModelPlan("preprocessing", "preprocessing", {"instance_count": 1, "max_batch_size": batch,
+                                                     "max_input_len": r.max_input_len,
+                                                     "max_output_len": r.max_output_len,
+                                                     "tokenizer_dir": tokenizer_dir}),
+        ModelPlan("postprocessing", "postprocessing", {"instance_count": 1, "max_batch_size": batch,
+                                                       "tokenizer_dir": tokenizer_dir}),
+        ModelPlan("disagg_bls", "disagg_bls", {"instance_count": 1, "max_batch_size": batch, "mode": "disaggregated",
+                                               "context_model_name": "prefill", "generation_model_name": "decode",
+                                               "colocated_model_name": "none"}),
+        ModelPlan("ensemble", "ensemble", {"max_batch_size": batch, "bls_model": "disagg_bls",
+                                           "preprocessing_model": "preprocessing",
+                                           "postprocessing_model": "postprocessing"}),
+    ]
+
+
+def missing_shared_templates(templates: Path | None = None) -> list[str]:
+    templates = templates or templates_dir()
+    return [t for t in SHARED_TEMPLATES if not (templates / t / "config.pbtxt.tmpl").is_file()]
+
+
+def plan_gpu_repository(plan: BuildPlan, world: MpiWorld, tokenizer_dir: str,
+                        templates: Path | None = None) -> list[ModelPlan]:
+    """The full GPU repository: shared templates plus the tensorrtllm `prefill` and `decode`."""
+    missing = missing_shared_templates(templates)
+    if missing:
+        raise ConfigError(f"triton_models/ lacks the shared template(s) {', '.join(missing)}; "
+                          f"only plan_role_models() can be rendered without them")
+    return shared_model_plans(plan, tokenizer_dir) + plan_role_models(plan, world)
+
+
+def plan_deploy(plan: BuildPlan, *, tokenizer_dir: str | None = None, triton_ports: TritonPorts = TritonPorts(),
+                serve_layout: ServeLayout = ServeLayout(), templates: Path | None = None) -> DeployPlan:
+    r = plan.request
+    deploy_dir = r.model_dir / "deploy"
+    world = plan_mpi_world(r)
+    models = plan_gpu_repository(plan, world, tokenizer_dir or r.model_source, templates)
+    files = {TRITON_LAUNCH: render_triton_launch(plan, world, deploy_dir / REPO_DIR, triton_ports)}
+    files.update(render_serve_files(plan, world, serve_layout, SERVE_DIR))
+    return DeployPlan(deploy_dir, world, models, files)
+
+
+def write_deploy(deploy: DeployPlan, *, force: bool = False, templates: Path | None = None) -> Path:
+    """Writes the deploy folder; on any error nothing is left behind (an old folder stays as it was)."""
+    target = deploy.deploy_dir
+    if target.exists() and not force:
+        raise ConfigError(f"{target} already exists; pass --force to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".deploy.", dir=target.parent))
+    try:
+        render_repository(deploy.models, staging / REPO_DIR, templates=templates, overwrite=True)
+        for rel, text in deploy.files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            if rel.endswith(".sh"):
+                path.chmod(0o755)
+        if target.exists():
+            shutil.rmtree(target)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target

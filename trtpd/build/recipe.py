@@ -1,0 +1,93 @@
+"""Per-role build recipes: build/tensorrtllm/{common,prefill,decode}.yaml as typed objects.
+
+The YAML files carry the reasoning for every default in comments; this module only loads and
+validates them, naming the file and key at fault.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtpd.errors import ConfigError
+
+ROLES = ("prefill", "decode")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CommonRecipe(_Strict):
+    tokens_per_block: int = Field(gt=0)
+    max_input_len: int = Field(gt=0)
+    max_output_len: int = Field(gt=0)
+    max_beam_width: Literal[1] = 1
+    weights_dtype: Literal["float16", "bfloat16"] = "float16"
+    fp8: bool = True
+    calib_size: int = Field(default=512, gt=0)
+    trtllm_build_flags: dict[str, str] = Field(default_factory=dict)
+    transceiver_backend: Literal["UCX", "NIXL"] = "UCX"
+    kv_transfer_timeout_ms: int = Field(gt=0)
+    decoupled: bool = True
+
+
+class RoleRecipe(_Strict):
+    tp_size: int | Literal["auto"] = "auto"
+    pp_size: int = Field(default=1, gt=0)
+    max_batch_size: int = Field(gt=0)
+    max_num_tokens: int = Field(gt=0)
+    kv_cache_free_gpu_mem_fraction: float = Field(gt=0, le=1)
+    enable_kv_cache_reuse: bool
+    batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
+    enable_chunked_context: bool | Literal["auto"] = "auto"
+    cuda_graph_mode: bool = False
+    cuda_graph_cache_size: int = Field(default=0, ge=0)
+    multi_block_mode: bool = True
+    max_queue_delay_microseconds: int = Field(default=0, ge=0)
+    max_queue_size: int = Field(default=0, ge=0)
+    instances: int = Field(default=1, gt=0)
+
+
+class Recipes(_Strict):
+    common: CommonRecipe
+    prefill: RoleRecipe
+    decode: RoleRecipe
+
+    def role(self, name: str) -> RoleRecipe:
+        return self.prefill if name == "prefill" else self.decode
+
+
+def recipes_dir() -> Path:
+    """build/tensorrtllm/ at the repository root (source checkout) or packaged under trtpd/."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "build" / "tensorrtllm", here / "recipes" / "tensorrtllm"):
+        if (candidate / "common.yaml").is_file():
+            return candidate
+    raise ConfigError("cannot find the build/tensorrtllm/ recipes (common.yaml, prefill.yaml, decode.yaml); "
+                      "run trtpd from a source checkout or pass --recipes DIR")
+
+
+def _load(path: Path, model: type[_Strict]) -> _Strict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: recipe file missing")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{path}: key {key!r}: {first['msg']}") from None
+
+
+def load_recipes(folder: Path | None = None) -> Recipes:
+    folder = Path(folder) if folder else recipes_dir()
+    return Recipes(common=_load(folder / "common.yaml", CommonRecipe),
+                   prefill=_load(folder / "prefill.yaml", RoleRecipe),
+                   decode=_load(folder / "decode.yaml", RoleRecipe))

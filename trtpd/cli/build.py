@@ -1,0 +1,158 @@
+"""`trtpd build`: role-tuned prefill and decode engines (TensorRT-LLM 1.2.x, or the CPU reference)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+from pathlib import Path
+
+from trtpd.build.versions import PINNED
+from trtpd.errors import ConfigError, TrtpdError
+
+_INT_FLAGS = ("prefill-tp", "decode-tp", "prefill-pp", "decode-pp", "prefill-max-batch-size",
+              "decode-max-batch-size", "prefill-max-num-tokens", "decode-max-num-tokens", "prefill-instances",
+              "decode-instances", "max-input-len", "max-output-len", "tokens-per-block", "kv-transfer-timeout-ms")
+_TP_LIKE = ("prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "prefill_instances", "decode_instances")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "build", help="build prefill and decode engines, the Triton repository and trtllm-serve configs",
+        description=f"Plan and build a prefill-tuned and a decode-tuned engine for TensorRT-LLM {PINNED.tensorrt_llm} "
+                    f"(Triton {PINNED.triton_container}), with FP8 KV by default, plus engines/<model>/deploy/ "
+                    f"(Triton repository, MPI launch script, trtllm-serve configs). Defaults and their reasons "
+                    f"are in build/tensorrtllm/*.yaml.")
+    p.add_argument("--model", required=True,
+                   help="catalog name (e.g. llama-2-70b) or a Hugging Face checkpoint folder with config.json")
+    p.add_argument("--backend", choices=("tensorrtllm", "reference"), default="tensorrtllm")
+    p.add_argument("--engines-dir", type=Path, default=Path("engines"))
+    for flag in _INT_FLAGS:
+        p.add_argument(f"--{flag}", type=int, default=None)
+    p.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=None,
+                   help="FP8 weights and FP8 KV cache (default on for tensorrtllm, off for reference)")
+    p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"), default=None,
+                   help="KV dtype; fp8 is --fp8, fp16/bf16 are --no-fp8 with that model dtype")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None, help="dtype of non-quantized weights")
+    p.add_argument("--hf-model", default=None,
+                   help="HF id or folder given to quantize.py --model_dir (default: the catalog's HF id, or --model)")
+    p.add_argument("--tokenizer-dir", default=None, help="tokenizer for pre/post-processing (default: --hf-model)")
+    p.add_argument("--trtllm-examples", default=PINNED.trtllm_examples_dir,
+                   help="TensorRT-LLM examples folder holding quantization/quantize.py")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="per GPU; used by tp_size: auto")
+    p.add_argument("--transport", choices=("ucx", "nixl"), default=None, help="trtllm-serve KV transport")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--router-port", type=int, default=8000, help="trtllm-serve disaggregated router")
+    p.add_argument("--first-worker-port", type=int, default=8100, help="trtllm-serve context/generation servers")
+    p.add_argument("--recipes", type=Path, default=None, help="folder with common/prefill/decode.yaml")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the exact commands; write nothing")
+    mode.add_argument("--configs-only", action="store_true",
+                      help="write the deploy folder and planned manifests without building (no GPU needed)")
+    p.add_argument("--force", action="store_true", help="rebuild and replace existing output")
+    p.set_defaults(func=run)
+
+
+def _resolve_precision(args) -> tuple[bool | None, str | None]:
+    fp8, dtype = args.fp8, args.dtype
+    if args.kv_dtype:
+        wanted = args.kv_dtype == "fp8"
+        if fp8 is not None and fp8 != wanted:
+            raise ConfigError(f"--kv-dtype {args.kv_dtype} contradicts --{'' if fp8 else 'no-'}fp8; give one of them")
+        fp8 = wanted
+        if not wanted:
+            implied = "bfloat16" if args.kv_dtype == "bf16" else "float16"
+            if dtype not in (None, implied):
+                raise ConfigError(f"--kv-dtype {args.kv_dtype} contradicts --dtype {dtype}")
+            dtype = implied
+    return fp8, dtype
+
+
+def run(args) -> int:
+    fp8, dtype = _resolve_precision(args)
+    if args.backend == "reference":
+        return _run_reference(args, fp8, dtype)
+    return _run_tensorrtllm(args, fp8, dtype)
+
+
+def _run_tensorrtllm(args, fp8, dtype) -> int:
+    from trtpd.build.launch import TritonPorts
+    from trtpd.build.recipe import load_recipes
+    from trtpd.build.run import prepare, run_build, write_configs
+    from trtpd.build.serve_config import ServeLayout
+    from trtpd.build.spec import BuildOverrides, make_request
+
+    values = {f.replace("-", "_"): getattr(args, f.replace("-", "_")) for f in _INT_FLAGS}
+    overrides = BuildOverrides(**values, fp8=fp8, weights_dtype=dtype, transceiver_backend=args.transport)
+    request = make_request(args.model, load_recipes(args.recipes), overrides, engines_dir=args.engines_dir.resolve(),
+                           hf_model=args.hf_model, examples_dir=args.trtllm_examples,
+                           gpus_per_node=args.gpus_per_node, gpu_memory_gib=args.gpu_memory_gib)
+    prepared = prepare(request, tokenizer_dir=args.tokenizer_dir,
+                       triton_ports=TritonPorts(args.http_port, args.grpc_port, args.metrics_port),
+                       serve_layout=ServeLayout(router_port=args.router_port, first_worker_port=args.first_worker_port))
+    if args.dry_run:
+        print(prepared.text(), end="")
+        print("dry run: nothing was written")
+        return 0
+    if args.configs_only:
+        deploy_dir = write_configs(prepared, force=args.force)
+        print(prepared.text(), end="")
+        print(f"configs written to {deploy_dir}; planned manifests in {request.model_dir}/<role>-tp<N>/ "
+              f"(engines not built: run without --configs-only where TensorRT-LLM 1.2.x and GPUs are)")
+        return 0
+    manifests = run_build(prepared, report=lambda line: print(line, flush=True), force=args.force)
+    for m in manifests:
+        print(f"{m.role}: {request.model_dir / m.folder_name} ({m.status})")
+    return 0
+
+
+def _run_reference(args, fp8, dtype) -> int:
+    for name in _TP_LIKE:
+        value = getattr(args, name)
+        if value not in (None, 1):
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: the reference backend runs TP1/PP1, one instance; "
+                              f"instance counts are set when deploying (trtpd render/up)")
+    kv_dtype = "fp8" if fp8 else ("bf16" if dtype == "bfloat16" else "fp16")
+    kwargs = {"kv_dtype": kv_dtype, "tokens_per_block": args.tokens_per_block or 32,
+              "max_input_len": args.max_input_len or 2048, "max_output_len": args.max_output_len or 512,
+              "force": args.force}
+    if args.dry_run:
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        print(f"would run: build_reference({args.model!r}, {str(args.engines_dir)!r}, {shown})")
+        print("dry run: nothing was written")
+        return 0
+    try:
+        from trtpd.engine.build import build_reference
+    except ImportError as exc:
+        raise TrtpdError(f"the reference backend is not available in this checkout ({exc}); "
+                         f"use --backend tensorrtllm --dry-run to see the GPU plan") from None
+    if "progress" in inspect.signature(build_reference).parameters:
+        kwargs["progress"] = lambda line: print(line, flush=True)
+    dirs = build_reference(args.model, args.engines_dir, **kwargs)
+    for d in dirs:
+        print(d)
+    _lint_reference(dirs)
+    return 0
+
+
+def _lint_reference(dirs: list[Path]) -> None:
+    from trtpd.build.manifest import load_manifest
+    from trtpd.lint import errors, lint_engine_pair, summary
+
+    by_role = {Path(d).name.split("-")[0]: Path(d) for d in dirs}
+    if not {"prefill", "decode"} <= set(by_role):
+        return
+    try:
+        prefill, decode = load_manifest(by_role["prefill"]), load_manifest(by_role["decode"])
+    except ConfigError as exc:
+        print(f"lint skipped: {exc}", file=sys.stderr)
+        return
+    findings = lint_engine_pair(prefill, decode)
+    for f in findings:
+        print(f.format(), file=sys.stderr)
+    print(summary(findings))
+    if errors(findings):
+        raise ConfigError("the reference engine pair fails trtpd lint (see above)")

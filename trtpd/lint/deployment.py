@@ -1,0 +1,88 @@
+"""Lint everything `trtpd build` produced for one model: the engine pair, the repository, the
+MPI launch script, the trtllm-serve configs and their ports. Any part that is absent is skipped."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtpd.build.manifest import MANIFEST_NAME, load_manifest
+from trtpd.errors import ConfigError
+from trtpd.lint.engine_pair import lint_engine_pair
+from trtpd.lint.findings import Finding
+from trtpd.lint.ports import lint_ports
+from trtpd.lint.repository import lint_repository
+from trtpd.lint.serve_configs import lint_serve_configs, load_yaml, router_ports
+
+_TRITON_PORT = re.compile(r"--(http|grpc|metrics)-port[= ](\d+)")
+
+
+@dataclass(frozen=True)
+class DeploymentPaths:
+    prefill_manifest: Path | None = None
+    decode_manifest: Path | None = None
+    repo: Path | None = None
+    launch_script: Path | None = None
+    serve_dir: Path | None = None
+
+
+def _one(model_dir: Path, role: str) -> Path | None:
+    found = sorted(p.parent for p in model_dir.glob(f"{role}-tp*/{MANIFEST_NAME}"))
+    if len(found) > 1:
+        raise ConfigError(f"{model_dir}: several {role} engines ({', '.join(p.name for p in found)}); "
+                          f"choose one with --{role} PATH")
+    return found[0] / MANIFEST_NAME if found else None
+
+
+def discover(model_dir: Path) -> DeploymentPaths:
+    """engines/<model>/ as trtpd build lays it out."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ConfigError(f"{model_dir}: no such folder; pass engines/<model> as trtpd build wrote it")
+    deploy = model_dir / "deploy"
+
+    def existing(p: Path) -> Path | None:
+        return p if p.exists() else None
+
+    return DeploymentPaths(_one(model_dir, "prefill"), _one(model_dir, "decode"),
+                           existing(deploy / "model_repository"), existing(deploy / "launch_triton.sh"),
+                           existing(deploy / "trtllm-serve"))
+
+
+def triton_ports(script_text: str) -> dict[str, int]:
+    """Ports of the first tritonserver in a launch script (every rank gets the same ones)."""
+    ports = {}
+    for kind, port in _TRITON_PORT.findall(script_text):
+        ports.setdefault(f"triton {kind}", int(port))
+    return ports
+
+
+def lint_deployment(paths: DeploymentPaths, *, max_prompt_tokens: int | None = None,
+                    max_output_tokens: int | None = None, check_ports_free: bool = True,
+                    host: str = "127.0.0.1") -> list[Finding]:
+    findings: list[Finding] = []
+    prompt = max_prompt_tokens
+    if paths.prefill_manifest and paths.decode_manifest:
+        prefill, decode = load_manifest(paths.prefill_manifest), load_manifest(paths.decode_manifest)
+        prompt = prompt if prompt is not None else prefill.build_config.max_input_len
+        findings += lint_engine_pair(prefill, decode, max_prompt_tokens=prompt, max_output_tokens=max_output_tokens)
+    elif paths.prefill_manifest or paths.decode_manifest:
+        raise ConfigError("the engine pair needs both a prefill and a decode manifest")
+    if paths.repo:
+        findings += lint_repository(paths.repo, launch_script=paths.launch_script)
+    if paths.launch_script:
+        findings += lint_ports(triton_ports(paths.launch_script.read_text()), host=host, check_free=check_ports_free)
+    if paths.serve_dir:
+        if prompt is None:
+            raise ConfigError("linting trtllm-serve configs needs the longest prompt: pass --max-prompt-tokens "
+                              "or the engine manifests")
+        s = paths.serve_dir
+        router = load_yaml(s / "disagg.yaml") if (s / "disagg.yaml").is_file() else None
+        findings += lint_serve_configs(load_yaml(s / "prefill.yaml"), load_yaml(s / "decode.yaml"), router,
+                                       max_prompt_tokens=prompt,
+                                       sources={k: str(s / f"{n}.yaml") for k, n in
+                                                (("prefill", "prefill"), ("decode", "decode"), ("router", "disagg"))})
+        if router is not None:
+            findings += lint_ports(router_ports(router), host=host, check_free=check_ports_free)
+    return findings

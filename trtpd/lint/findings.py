@@ -1,0 +1,58 @@
+"""Typed lint findings and the rule catalogue: each rule says what is wrong and what to change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Severity = Literal["error", "warning"]
+
+# rule id -> what it checks. Every rule has a firing and a quiet test in tests/unit/lint/.
+RULES: dict[str, str] = {
+    "kv-dtype": "prefill and decode KV dtypes are equal",
+    "tokens-per-block": "prefill and decode tokens_per_block are equal",
+    "num-layers": "prefill and decode have the same number of layers",
+    "num-kv-heads": "prefill and decode have the same number of KV heads",
+    "head-size": "prefill and decode have the same head size",
+    "kv-scales": "FP8 KV scales come from the same calibration on both sides",
+    "beam-width": "both engines are built with max_beam_width 1",
+    "prefill-input-len": "the prefill engine accepts the longest prompt",
+    "decode-input-len": "the decode engine accepts the longest prompt and prompt + output",
+    "engine-status": "both engines finished building",
+    "transceiver-backend": "trtllm-serve cache_transceiver_config.backend is set (UCX, NIXL, ...)",
+    "transfer-buffer": "cache_transceiver_config.max_tokens_in_buffer holds the longest prompt",
+    "transfer-timeout": "cache_transceiver_config.kv_transfer_timeout_ms is set and finite",
+    "context-kv-reuse": "KV reuse is off on the context (prefill) side",
+    "router-instances": "router num_instances equals the number of urls",
+    "mpi-world": "MPI world size = context TP*PP + generation TP*PP + 1, ranks 1..N-1 all used",
+    "participant-ids": "participant_ids are disjoint between models and sized TP*PP per instance",
+    "placeholders": "no ${...} placeholder is left unfilled",
+    "model-name-folder": "every config.pbtxt name equals its folder",
+    "model-config": "every config.pbtxt parses as Triton's ModelConfig",
+    "ports": "ports are distinct and free",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: Severity
+    subject: str          # the file, field or flag at fault
+    message: str          # what is wrong
+    fix: str              # what to change
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"unknown lint rule {self.rule!r}")
+
+    def format(self) -> str:
+        return f"{self.severity}: [{self.rule}] {self.subject}: {self.message}; fix: {self.fix}"
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == "error"]
+
+
+def summary(findings: list[Finding]) -> str:
+    n_err = len(errors(findings))
+    return f"lint: {n_err} error(s), {len(findings) - n_err} warning(s)"

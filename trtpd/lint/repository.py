@@ -1,0 +1,152 @@
+"""A rendered Triton model repository (GPU or reference) and its MPI launch script.
+
+Every repository: placeholders filled, config.pbtxt parses as ModelConfig, names equal folders.
+Models on the `tensorrtllm` backend additionally: KV reuse off on the context model, participant_ids
+disjoint and sized TP*PP per instance, and the MPI world = all participants + orchestrator rank 0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from trtpd.build.manifest import load_manifest
+from trtpd.build.mpi_world import parse_id_groups
+from trtpd.errors import ConfigError
+from trtpd.lint.findings import Finding
+from trtpd.repo.pbtxt import parameters, parse_model_config
+
+_PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
+_MPI_APP = re.compile(r"(?:^|\s)-n\s+(\d+)\s")
+
+
+def lint_model_configs(configs: Mapping[str, str], *, root: str = "", launch_world_size: int | None = None,
+                       launch_source: str = "launch script") -> list[Finding]:
+    """`configs` maps folder name -> config.pbtxt text."""
+    findings, parsed = [], {}
+    for folder, text in sorted(configs.items()):
+        source = f"{root}{folder}/config.pbtxt"
+        left = sorted(set(_PLACEHOLDER.findall(text)))
+        if left:
+            findings.append(Finding("placeholders", "error", source, f"unfilled placeholder(s) {', '.join(left)}",
+                                    "render the repository with trtpd (it fills every placeholder) or fill them"))
+        try:
+            config = parse_model_config(text, source)
+        except ConfigError as exc:
+            findings.append(Finding("model-config", "error", source, str(exc).split(": ", 1)[-1],
+                                    "fix the syntax so it parses as Triton's ModelConfig"))
+            continue
+        if config.name and config.name != folder:
+            findings.append(Finding("model-name-folder", "error", source,
+                                    f"name {config.name!r} differs from its folder {folder!r}",
+                                    f"set name: \"{folder}\" (Triton requires them equal)"))
+        parsed[folder] = config
+    role_models = {f: c for f, c in parsed.items() if c.backend == "tensorrtllm"}
+    if role_models:
+        findings += _lint_role_models(parsed, role_models, root, launch_world_size, launch_source)
+    return findings
+
+
+def _context_model(parsed) -> str:
+    for config in parsed.values():
+        name = parameters(config).get("context_model_name")
+        if name:
+            return name
+    return "prefill"
+
+
+def _lint_role_models(parsed, role_models, root, launch_world_size, launch_source) -> list[Finding]:
+    findings, owner = [], {}
+    context = _context_model(parsed)
+    for folder, config in sorted(role_models.items()):
+        source = f"{root}{folder}/config.pbtxt"
+        params = parameters(config)
+        if folder == context and params.get("enable_kv_cache_reuse", "true").lower() != "false":
+            findings.append(Finding("context-kv-reuse", "error", f"{source}: enable_kv_cache_reuse",
+                                    f"{params.get('enable_kv_cache_reuse', 'unset (the backend defaults to true)')} "
+                                    f"on the context model; reuse can evict a block before it is sent and the "
+                                    f"generation side hangs (NVIDIA/TensorRT-LLM#12542)",
+                                    "set enable_kv_cache_reuse to \"false\""))
+        if params.get("max_beam_width", "1") != "1":
+            findings.append(Finding("beam-width", "error", f"{source}: max_beam_width",
+                                    f"{params['max_beam_width']}; disaggregated serving supports 1 only",
+                                    "set max_beam_width to \"1\""))
+        try:
+            groups = parse_id_groups(params.get("participant_ids", ""), f"{source}: participant_ids")
+        except ConfigError as exc:
+            findings.append(Finding("participant-ids", "error", f"{source}: participant_ids", str(exc).split(": ")[-1],
+                                    "list the MPI ranks of each instance, e.g. \"1,2;3,4\" (mandatory in "
+                                    "orchestrator mode with spawning disabled)"))
+            continue
+        findings += _check_groups(folder, source, config, params, groups)
+        for rank in (r for g in groups for r in g):
+            if rank == 0:
+                findings.append(Finding("participant-ids", "error", f"{source}: participant_ids",
+                                        "rank 0 is the orchestrator and cannot run an engine",
+                                        "number engine ranks from 1"))
+            elif rank in owner:
+                findings.append(Finding("participant-ids", "error", f"{source}: participant_ids",
+                                        f"rank {rank} is also used by {owner[rank]}",
+                                        "give every model its own MPI ranks (participant ids must not intersect)"))
+            owner.setdefault(rank, folder)
+    findings += _check_world(sorted(owner), launch_world_size, launch_source)
+    return findings
+
+
+def _check_groups(folder, source, config, params, groups) -> list[Finding]:
+    findings = []
+    count = sum(g.count for g in config.instance_group) or 1
+    if count != len(groups):
+        findings.append(Finding("participant-ids", "error", f"{source}: participant_ids",
+                                f"{len(groups)} group(s) for instance_group count {count}",
+                                "give one ';'-separated group of ranks per instance"))
+    engine_dir = Path(params.get("gpt_model_path", ""))
+    try:
+        manifest = load_manifest(engine_dir) if params.get("gpt_model_path") else None
+    except ConfigError:
+        manifest = None
+    if manifest is not None:
+        size = manifest.build_config.tp_size * manifest.build_config.pp_size
+        bad = [g for g in groups if len(g) != size]
+        if bad:
+            findings.append(Finding("participant-ids", "error", f"{source}: participant_ids",
+                                    f"group(s) {bad} do not have TP*PP = {size} ranks of engine {engine_dir.name}",
+                                    f"give each instance {size} ranks"))
+    return findings
+
+
+def _check_world(ranks: list[int], launch_world_size: int | None, launch_source: str) -> list[Finding]:
+    findings = []
+    expected = len(ranks) + 1
+    if ranks and ranks != list(range(1, expected)):
+        findings.append(Finding("mpi-world", "error", "participant_ids",
+                                f"engine ranks {ranks} are not exactly 1..{expected - 1}",
+                                "number the engine ranks 1, 2, ... without gaps (rank 0 is the orchestrator)"))
+    if launch_world_size is not None and launch_world_size != expected:
+        findings.append(Finding("mpi-world", "error", launch_source,
+                                f"mpirun starts {launch_world_size} rank(s) but the models need {expected} "
+                                f"({len(ranks)} engine ranks + 1 orchestrator)",
+                                f"launch {expected} ranks (world_size = context TP*PP + generation TP*PP + 1)"))
+    return findings
+
+
+def launch_world_size(script_text: str) -> int | None:
+    """Sum of `-n K` over the mpirun app contexts of a launch script, or None if it runs no mpirun."""
+    if "mpirun" not in script_text:
+        return None
+    body = script_text.replace("\\\n", " ")
+    return sum(int(n) for n in _MPI_APP.findall(body + " "))
+
+
+def lint_repository(path: Path, *, launch_script: Path | None = None) -> list[Finding]:
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such model repository")
+    configs = {d.name: (d / "config.pbtxt").read_text() for d in sorted(path.iterdir())
+               if (d / "config.pbtxt").is_file()}
+    if not configs:
+        raise ConfigError(f"{path}: no model folder with a config.pbtxt; is this a Triton model repository?")
+    world = launch_world_size(launch_script.read_text()) if launch_script and launch_script.is_file() else None
+    return lint_model_configs(configs, root=f"{path}/", launch_world_size=world,
+                              launch_source=str(launch_script) if launch_script else "launch script")
