@@ -1,0 +1,1 @@
+"""Load generation against a running deployment: prompts, a streaming gRPC client, statistics."""

@@ -1,0 +1,33 @@
+"""`trtpd demo`: the main job on the CPU reference backend."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trtpd.bench.run import DemoOptions, run_demo
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="build, deploy and compare disaggregated vs colocated on this CPU",
+                       description="Build the reference engines, run the same workload through a disaggregated and "
+                                   "a colocated deployment of the real tritonserver (gRPC streaming), print TTFT, "
+                                   "TPOT and tokens/s side by side, stop everything.")
+    d = DemoOptions()
+    p.add_argument("--rate", type=float, default=d.rate_per_s, help="requests per second (default: %(default)s)")
+    p.add_argument("--num-requests", type=int, default=d.num_requests, help="(default: %(default)s)")
+    p.add_argument("--workload", default=d.workload, help="workload name or YAML (default: %(default)s)")
+    p.add_argument("--kv-dtype", default=d.kv_dtype, choices=("fp16", "bf16", "fp8"))
+    p.add_argument("--kv-transport", default=d.kv_transport, choices=("shm", "tcp"))
+    p.add_argument("--colocated-instances", type=int, default=d.colocated_instances)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--engines-dir", type=Path, default=d.engines_dir)
+    p.add_argument("--output", type=Path, default=d.output, help="JSON results (default: %(default)s)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    run_demo(DemoOptions(engines_dir=args.engines_dir, kv_dtype=args.kv_dtype, kv_transport=args.kv_transport,
+                         workload=args.workload, rate_per_s=args.rate, num_requests=args.num_requests, seed=args.seed,
+                         colocated_instances=args.colocated_instances, output=args.output))
+    return 0

@@ -1,0 +1,24 @@
+"""`trtpd down`: stop a deployment cleanly (SIGTERM, wait, clean up shared memory)."""
+
+from __future__ import annotations
+
+import argparse
+
+from trtpd.serving import deployment
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("down", help="stop a deployment", description="Stop a deployment started by `trtpd up`.")
+    p.add_argument("--name", default="default", help="deployment name (default: %(default)s)")
+    p.add_argument("--all", action="store_true", help="stop every deployment")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = [d.name for d in deployment.list_deployments()] if args.all else [args.name]
+    for name in names:
+        dep = deployment.down(name)
+        print(f"stopped {name} (pid {dep.server.pid})")
+    if not names:
+        print("no deployments")
+    return 0
