@@ -1,0 +1,99 @@
+"""Hardware profiles: what a roofline needs (FLOPs, HBM bandwidth, memory, links) plus measured curves.
+
+One YAML file per device under configs/hardware/. Bandwidths are per device and per direction.
+A profile may carry `measured` curves (written by `trtpd profile`); the planner prefers them to the
+roofline for the model, TP and KV dtype they were measured with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trtpd.errors import ConfigError
+from trtpd.perf.measured import MeasuredProfile
+from trtpd.perf.yaml_io import dump_yaml, load_yaml_model
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HARDWARE_DIR = REPO_ROOT / "configs" / "hardware"
+
+ComputeDtype = Literal["fp32", "fp16", "bf16", "fp8"]
+
+
+class HardwareProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: Literal["gpu", "cpu"] = "gpu"
+    description: str = ""
+    memory_gb: float = Field(gt=0, description="device memory, decimal GB (1e9 bytes)")
+    peak_flops_per_s: dict[ComputeDtype, float] = Field(description="dense peak, per device, by compute dtype")
+    hbm_bandwidth_bytes_per_s: float = Field(gt=0)
+    nvlink_bandwidth_bytes_per_s: float = Field(ge=0, description="per device, one direction; 0 = no NVLink")
+    network_bandwidth_bytes_per_s: float = Field(gt=0, description="per device NIC, one direction")
+    max_devices_per_node: int = Field(default=8, gt=0)
+    supports_fp8: bool = True
+    compute_efficiency: float = Field(default=0.6, gt=0, le=1, description="achieved share of peak FLOPs (MFU)")
+    hbm_efficiency: float = Field(default=0.8, gt=0, le=1, description="achieved share of HBM bandwidth")
+    link_efficiency: float = Field(default=0.8, gt=0, le=1, description="achieved share of link bandwidth")
+    allreduce_latency_s: float = Field(default=10e-6, ge=0, description="fixed cost of one TP all-reduce")
+    prefill_overhead_s: float = Field(default=2e-3, ge=0, description="fixed cost per prefill batch")
+    decode_overhead_s: float = Field(default=1e-3, ge=0, description="fixed cost per decode step")
+    memory_reserved_fraction: float = Field(default=0.1, ge=0, lt=1,
+                                            description="memory kept for activations and the runtime")
+    sources: list[str] = Field(default_factory=list)
+    notes: str = ""
+    measured: list[MeasuredProfile] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "HardwareProfile":
+        for dtype, flops in self.peak_flops_per_s.items():
+            if flops <= 0:
+                raise ValueError(f"peak_flops_per_s.{dtype} must be positive")
+        if "fp8" in self.peak_flops_per_s and not self.supports_fp8:
+            raise ValueError("peak_flops_per_s lists fp8 but supports_fp8 is false")
+        return self
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    def flops_per_s(self, dtype: str) -> float:
+        if dtype not in self.peak_flops_per_s:
+            have = ", ".join(self.peak_flops_per_s)
+            raise ConfigError(f"hardware {self.name!r}: no peak_flops_per_s for {dtype!r} (has {have}); "
+                              f"choose another weight dtype or add the figure to the profile")
+        return self.peak_flops_per_s[dtype]
+
+    def find_measured(self, model: str, tp: int, kv_dtype: str) -> MeasuredProfile | None:
+        for profile in self.measured:
+            if profile.model == model and profile.tp == tp and profile.kv_dtype == kv_dtype:
+                return profile
+        return None
+
+
+def hardware_names() -> list[str]:
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
+
+
+def hardware_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        return path
+    candidate = HARDWARE_DIR / f"{name_or_path.lower()}.yaml"
+    if not candidate.is_file():
+        raise ConfigError(f"unknown hardware {name_or_path!r}; known: {', '.join(hardware_names())} "
+                          f"(or pass a path to a hardware YAML file)")
+    return candidate
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    return load_yaml_model(HardwareProfile, hardware_path(name_or_path))
+
+
+def save_hardware(profile: HardwareProfile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = profile.model_dump(mode="json", exclude_defaults=False)
+    path.write_text(f"# Hardware profile `{profile.name}`. Schema: trtpd/perf/hardware.py.\n" + dump_yaml(data))

@@ -1,0 +1,61 @@
+"""Measured performance curves (written by `trtpd profile`) and the model that interpolates them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trtpd.perf.interp import Curve1D, Grid2D
+
+
+class PrefillCurve(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    num_tokens: list[int] = Field(min_length=1, description="batched prompt tokens per prefill batch")
+    latency_s: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "PrefillCurve":
+        Curve1D(tuple(self.num_tokens), tuple(self.latency_s))  # raises with a message on bad shape
+        return self
+
+
+class DecodeGrid(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    batch_sizes: list[int] = Field(min_length=1)
+    context_lens: list[int] = Field(min_length=1, description="tokens of context per sequence")
+    step_latency_s: list[list[float]] = Field(description="rows follow batch_sizes, columns context_lens")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DecodeGrid":
+        Grid2D(tuple(self.batch_sizes), tuple(self.context_lens), tuple(tuple(r) for r in self.step_latency_s))
+        return self
+
+
+class MeasuredProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    tp: int = Field(default=1, gt=0)
+    kv_dtype: str = "fp16"
+    backend: str = "reference"
+    measured_at: str = ""
+    host: str = ""
+    kv_capacity_tokens: int | None = Field(default=None, gt=0, description="KV pool size of the measured engine")
+    prefill: PrefillCurve
+    decode: DecodeGrid
+
+
+class MeasuredPerfModel:
+    """PerfModel over measured curves. Prefill depends on batched tokens only (the profile's axis)."""
+
+    source = "measured"
+
+    def __init__(self, profile: MeasuredProfile) -> None:
+        self.profile = profile
+        self._prefill = Curve1D(tuple(profile.prefill.num_tokens), tuple(profile.prefill.latency_s))
+        d = profile.decode
+        self._decode = Grid2D(tuple(d.batch_sizes), tuple(d.context_lens), tuple(tuple(r) for r in d.step_latency_s))
+
+    def prefill_s(self, num_tokens: int, sum_sq_tokens: int = 0) -> float:
+        return self._prefill(num_tokens)
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
+        return self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)

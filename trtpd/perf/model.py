@@ -1,0 +1,47 @@
+"""The performance-model interface and the choice between measured curves and the roofline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from trtpd.catalog import KvDtype, ModelSpec
+from trtpd.perf.hardware import HardwareProfile
+from trtpd.perf.measured import MeasuredPerfModel
+from trtpd.perf.roofline import RooflinePerfModel
+
+
+class PerfModel(Protocol):
+    source: str
+
+    def prefill_s(self, num_tokens: int, sum_sq_tokens: int | None = None) -> float:
+        """Latency of one prefill batch of num_tokens packed prompt tokens."""
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
+        """Latency of one decode step over batch_size sequences holding total_context_tokens of KV."""
+
+
+@dataclass(frozen=True)
+class InstancePerf:
+    """What the planner and the simulator need about one instance of a role."""
+
+    perf: PerfModel
+    tp: int
+    kv_capacity_tokens: int
+    kv_bytes_per_token: int  # whole request (all TP shards), in the KV dtype: what crosses the link
+
+    @property
+    def source(self) -> str:
+        return self.perf.source
+
+
+def instance_perf(model: ModelSpec, hardware: HardwareProfile, tp: int = 1, weight_dtype: str = "fp16",
+                  kv_dtype: KvDtype | str = KvDtype.FP16) -> InstancePerf:
+    """Measured curves when the hardware profile has them for this model, TP and KV dtype; else roofline."""
+    kv = KvDtype.parse(kv_dtype)
+    roofline = RooflinePerfModel(model, hardware, tp, weight_dtype, kv)
+    measured = hardware.find_measured(model.name, tp, kv.value)
+    if measured is None:
+        return InstancePerf(roofline, tp, roofline.kv_capacity_tokens, model.kv_bytes_per_token(kv))
+    capacity = measured.kv_capacity_tokens or roofline.kv_capacity_tokens
+    return InstancePerf(MeasuredPerfModel(measured), tp, capacity, model.kv_bytes_per_token(kv))

@@ -1,0 +1,150 @@
+"""Roofline estimate of prefill and decode latency for one instance (TP devices).
+
+time = max(FLOPs / (tp x peak x compute_efficiency), bytes per device / (HBM x hbm_efficiency))
+       + TP all-reduce time + a fixed per-batch overhead.
+
+FLOPs count the matmuls (2 x linear params per token; the LM head only in decode, since prefill
+needs logits for the last token only) and attention: causal prefill 2 x layers x d_attn x sum(L^2),
+decode 4 x layers x d_attn x sum(context), with d_attn = heads x head_size. Bytes per device: the
+weight shard, plus the KV written (prefill) or read and written (decode). Each layer does two
+all-reduces of tokens x hidden x 2 bytes; a ring moves 2 (tp - 1) / tp of that per device, over
+NVLink inside a node and over the network beyond it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtpd.catalog import KvDtype, ModelSpec
+from trtpd.errors import ConfigError
+from trtpd.perf.hardware import HardwareProfile
+
+ACTIVATION_BYTES = 2  # fp16/bf16 activations on the all-reduce
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
+
+
+@dataclass(frozen=True)
+class RooflineBreakdown:
+    flops: float
+    bytes_per_device: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+
+    @property
+    def is_compute_bound(self) -> bool:
+        return self.compute_s >= self.memory_s
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    if tp <= 0 or model.num_heads % tp:
+        raise ConfigError(f"tp={tp}: must divide {model.name}'s {model.num_heads} attention heads")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise ConfigError(f"tp={tp}: must divide {model.name}'s {model.num_kv_heads} KV heads or be a multiple of it")
+
+
+class RooflinePerfModel:
+    source = "roofline"
+
+    def __init__(self, model: ModelSpec, hardware: HardwareProfile, tp: int = 1,
+                 weight_dtype: str = "fp16", kv_dtype: KvDtype | str = KvDtype.FP16) -> None:
+        check_tp(model, tp)
+        if weight_dtype not in WEIGHT_BYTES:
+            raise ConfigError(f"weight_dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_BYTES)}")
+        self.kv_dtype = KvDtype.parse(kv_dtype)
+        if not hardware.supports_fp8 and "fp8" in (weight_dtype, self.kv_dtype.value):
+            raise ConfigError(f"hardware {hardware.name!r} has no FP8 support; use fp16 weights and KV")
+        self.model, self.hardware, self.tp, self.weight_dtype = model, hardware, tp, weight_dtype
+        h = hardware
+        embed = model.vocab_size * model.hidden_size
+        lm_head = 0 if model.tie_word_embeddings else embed
+        self.linear_params_no_head = model.num_params - embed - lm_head
+        self.lm_head_params = embed
+        self.d_attn = model.num_heads * model.head_size
+        self.flops_per_s = tp * h.flops_per_s(weight_dtype) * h.compute_efficiency
+        self.hbm_bytes_per_s = h.hbm_bandwidth_bytes_per_s * h.hbm_efficiency
+        self.weight_bytes_per_device = model.num_params * WEIGHT_BYTES[weight_dtype] / tp
+        kv_heads_per_device = max(1, model.num_kv_heads // tp)
+        self.kv_bytes_per_token_per_device = (2 * model.num_layers * kv_heads_per_device * model.head_size
+                                              * self.kv_dtype.num_bytes)
+        within_node = tp <= h.max_devices_per_node and h.nvlink_bandwidth_bytes_per_s > 0
+        link = h.nvlink_bandwidth_bytes_per_s if within_node else h.network_bandwidth_bytes_per_s
+        self.allreduce_bytes_per_s = link * h.link_efficiency
+        self._init_decode_coeffs()
+
+    # -- capacity --------------------------------------------------------------------------------
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens of KV one instance can hold after weights and the reserved share (0 if it does not fit)."""
+        usable = self.hardware.memory_bytes * (1 - self.hardware.memory_reserved_fraction)
+        free = usable - self.weight_bytes_per_device
+        return max(0, int(free // self.kv_bytes_per_token_per_device))
+
+    # -- latency ---------------------------------------------------------------------------------
+    def _comm_s(self, num_tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        size = num_tokens * self.model.hidden_size * ACTIVATION_BYTES
+        per_allreduce = 2 * (self.tp - 1) / self.tp * size / self.allreduce_bytes_per_s + self.hardware.allreduce_latency_s
+        return 2 * self.model.num_layers * per_allreduce
+
+    def prefill_breakdown(self, num_tokens: int, sum_sq_tokens: int | None = None) -> RooflineBreakdown:
+        """A batch of prompts packed without padding; sum_sq_tokens = sum of squared prompt lengths
+        (defaults to one prompt of num_tokens)."""
+        sq = num_tokens * num_tokens if sum_sq_tokens is None else sum_sq_tokens
+        flops = 2 * self.linear_params_no_head * num_tokens + 2 * self.model.num_layers * self.d_attn * sq
+        bytes_moved = self.weight_bytes_per_device + num_tokens * self.kv_bytes_per_token_per_device
+        return RooflineBreakdown(flops, bytes_moved, flops / self.flops_per_s, bytes_moved / self.hbm_bytes_per_s,
+                                 self._comm_s(num_tokens), self.hardware.prefill_overhead_s)
+
+    def decode_breakdown(self, batch_size: int, total_context_tokens: int) -> RooflineBreakdown:
+        linear = self.linear_params_no_head + self.lm_head_params
+        flops = 2 * linear * batch_size + 4 * self.model.num_layers * self.d_attn * total_context_tokens
+        bytes_moved = (self.weight_bytes_per_device
+                       + (total_context_tokens + batch_size) * self.kv_bytes_per_token_per_device)
+        return RooflineBreakdown(flops, bytes_moved, flops / self.flops_per_s, bytes_moved / self.hbm_bytes_per_s,
+                                 self._comm_s(batch_size), self.hardware.decode_overhead_s)
+
+    def mixed_breakdown(self, prefill_tokens: int, sum_sq_tokens: int, batch_size: int,
+                        total_context_tokens: int) -> RooflineBreakdown:
+        """A colocated step: new prompts and running sequences in one pass, weights read once."""
+        p = self.prefill_breakdown(prefill_tokens, sum_sq_tokens)
+        d = self.decode_breakdown(batch_size, total_context_tokens)
+        bytes_moved = p.bytes_per_device + d.bytes_per_device - self.weight_bytes_per_device
+        return RooflineBreakdown(p.flops + d.flops, bytes_moved, p.compute_s + d.compute_s,
+                                 bytes_moved / self.hbm_bytes_per_s, self._comm_s(prefill_tokens + batch_size),
+                                 max(p.overhead_s, d.overhead_s))
+
+    def mixed_step_s(self, prefill_tokens: int, sum_sq_tokens: int, batch_size: int,
+                     total_context_tokens: int) -> float:
+        if not prefill_tokens:
+            return self.decode_step_s(batch_size, total_context_tokens)
+        return self.mixed_breakdown(prefill_tokens, sum_sq_tokens, batch_size, total_context_tokens).total_s
+
+    def prefill_s(self, num_tokens: int, sum_sq_tokens: int | None = None) -> float:
+        return self.prefill_breakdown(num_tokens, sum_sq_tokens).total_s
+
+    def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
+        """Same as decode_breakdown(...).total_s, inlined: the simulator calls it once per step."""
+        c_batch, c_context, mem_weights, mem_kv, comm_batch, comm_fixed, overhead = self._decode_coeffs
+        compute = c_batch * batch_size + c_context * total_context_tokens
+        memory = mem_weights + mem_kv * (total_context_tokens + batch_size)
+        return (compute if compute > memory else memory) + comm_batch * batch_size + comm_fixed + overhead
+
+    def _init_decode_coeffs(self) -> None:
+        layers = self.model.num_layers
+        linear = self.linear_params_no_head + self.lm_head_params
+        if self.tp > 1:
+            ring = 2 * (self.tp - 1) / self.tp * self.model.hidden_size * ACTIVATION_BYTES / self.allreduce_bytes_per_s
+            comm = (2 * layers * ring, 2 * layers * self.hardware.allreduce_latency_s)
+        else:
+            comm = (0.0, 0.0)
+        self._decode_coeffs = (2 * linear / self.flops_per_s, 4 * layers * self.d_attn / self.flops_per_s,
+                               self.weight_bytes_per_device / self.hbm_bytes_per_s,
+                               self.kv_bytes_per_token_per_device / self.hbm_bytes_per_s,
+                               *comm, self.hardware.decode_overhead_s)

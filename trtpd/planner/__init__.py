@@ -1,0 +1,1 @@
+"""Capacity planning: how many prefill and decode instances (and which TP) meet the SLOs."""

@@ -1,0 +1,147 @@
+"""`make_plan`: search, verify in the simulator, and write the answer as a Plan. Pure: no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtpd.planner import seed004
+from trtpd.planner.plan import (DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan, TargetSummary,
+                                Verification, WorkloadSummary)
+from trtpd.planner.search import Choice, PlanProblem, Planner, SearchResult, plan_search
+from trtpd.planner.verify import Verdict, verify
+from trtpd.sim.workload import generate_requests
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    enabled: bool = True
+    num_requests: int = 6000
+    seed: int = 0
+    try_fewer: bool = True
+
+
+def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
+    result = plan_search(problem)
+    planner = result.planner
+    assert planner is not None
+    choice, verdict = result.choice, None
+    if choice is not None:
+        choice = _prefer_nvlink(planner, choice)
+        if options.enabled and result.rate_per_s is not None:
+            requests = generate_requests(problem.workload, result.rate_per_s, options.num_requests, options.seed)
+            space = problem.space
+            verdict = verify(choice.config.prefill, choice.config.decode, choice.num_prefill, choice.num_decode,
+                             choice.config.link, requests, problem.slo, space.tokens_per_block,
+                             space.first_token_at, space.max_gpus, options.try_fewer)
+            if (verdict.num_prefill, verdict.num_decode) != (choice.num_prefill, choice.num_decode):
+                result.notes.append(
+                    f"the simulator moved the analytic {choice.num_prefill}P{choice.num_decode}D to "
+                    f"{verdict.num_prefill}P{verdict.num_decode}D")
+            choice = _calibrated(planner, choice, verdict, result.rate_per_s)
+            if not verdict.passed:
+                result.feasible = False
+                result.binding_constraint = result.binding_constraint or "simulation"
+                result.notes.append("the simulator could not confirm the SLOs within the adjustments tried")
+    return _to_plan(problem, result, choice, verdict)
+
+
+def _calibrated(planner: Planner, choice: Choice, verdict: Verdict, rate: float) -> Choice:
+    """Scales the analytic TTFT_p and TPOT_p to what the simulator measured at the verified counts,
+    so that the plan's expected values and max_rate_per_s agree with the simulation."""
+    raw = planner.choice(choice.config.corrected(1.0, 1.0), verdict.num_prefill, verdict.num_decode, rate,
+                         choice.link_kind).estimate
+    ttft_c = verdict.ttft_q_s / raw.ttft_p_s if raw.ttft_p_s > 0 and verdict.ttft_q_s < float("inf") else 1.0
+    tpot_c = verdict.tpot_q_s / raw.tpot_p_s if raw.tpot_p_s > 0 and verdict.tpot_q_s > 0 else 1.0
+    cfg = choice.config.corrected(ttft_c, tpot_c)
+    return planner.choice(cfg, verdict.num_prefill, verdict.num_decode, rate, choice.link_kind)
+
+
+def _prefer_nvlink(planner: Planner, choice: Choice) -> Choice:
+    """kv_link auto: when the whole plan fits in one node, KV moves over NVLink."""
+    hw = planner.problem.hardware
+    if (planner.problem.space.kv_link != "auto" or hw.nvlink_bandwidth_bytes_per_s <= 0
+            or choice.num_gpus > hw.max_devices_per_node):
+        return choice
+    cfg = planner.config(choice.config.prefill, choice.config.decode, "nvlink")
+    rate = choice.estimate.rate_per_s
+    return planner.choice(cfg, choice.num_prefill, choice.num_decode, rate, "nvlink")
+
+
+def _seed004_first_pass(problem: PlanProblem, result: SearchResult, choice: Choice) -> dict[str, float]:
+    """Seed 004's method on the same performance curves and the chosen TP degrees."""
+    cp, cd = choice.config.prefill, choice.config.decode
+    l_in, l_out = result.stats.input.mean, result.stats.output.mean
+    tp_prefill_max = cp.model.max_num_tokens / cp.model.batch_s(cp.model.max_num_tokens)
+    overhead_s = choice.config.decode_side_ttft_s(1e-6, problem.slo.attainment)
+    out: dict[str, float] = {"tp_prefill_max_tokens_per_s": tp_prefill_max, "overhead_s": overhead_s}
+    try:
+        tp_prefill = seed004.prefill_throughput_under_ttft(tp_prefill_max, l_in, problem.slo.ttft_s, overhead_s)
+    except Exception:  # noqa: BLE001 - the seed's method has no answer here; say so in the plan
+        out["infeasible"] = 1.0
+        return out
+    batch = cd.max_batch_size
+    tp_decode = seed004.decode_throughput(batch, cd.model.step_s(batch))
+    total_tokens_per_s = (result.rate_per_s or choice.max_rate_per_s) * (l_in + l_out)
+    counts = seed004.instance_counts(total_tokens_per_s, l_in, l_out, tp_prefill, tp_decode)
+    out.update(tp_prefill_tokens_per_s=tp_prefill, tp_decode_tokens_per_s=tp_decode, decode_batch=float(batch),
+               pd_ratio=seed004.pd_ratio(l_in, l_out, tp_prefill, tp_decode),
+               num_prefill=float(counts.num_prefill), num_decode=float(counts.num_decode),
+               max_tokens_per_min=counts.max_tokens_per_min)
+    return out
+
+
+def _to_plan(problem: PlanProblem, result: SearchResult, choice: Choice | None, verdict: Verdict | None) -> Plan:
+    s, space, wl = result.stats, problem.space, problem.workload
+    rate = result.rate_per_s
+    plan = Plan(
+        model=problem.model.name, hardware=problem.hardware.name, weight_dtype=space.weight_dtype,
+        kv_dtype=space.kv_dtype, tokens_per_block=space.tokens_per_block, first_token_at=space.first_token_at,
+        feasible=result.feasible, binding_constraint=result.binding_constraint,
+        nearest_feasible=result.nearest_feasible,
+        target=TargetSummary(rate_per_s=rate, tokens_per_min=rate * s.mean_tokens_per_request * 60 if rate else None),
+        slo=problem.slo,
+        workload=WorkloadSummary(name=wl.name, mean_input_tokens=s.input.mean, p99_input_tokens=s.input.p99,
+                                 max_input_tokens=result.max_input_len, mean_output_tokens=s.output.mean,
+                                 max_output_tokens=int(s.output.max), arrival_process=wl.arrival.process,
+                                 arrival_cv=wl.arrival_cv),
+        rejected=[f"{r.role} tp={r.tp}: {r.reason}" for r in result.rejected],
+        notes=list(result.notes))
+    if choice is None:
+        return plan
+    cp, cd, link, est = choice.config.prefill, choice.config.decode, choice.config.link, choice.estimate
+    sched = cp.scheduler
+    plan.prefill = PrefillPlan(
+        num_instances=choice.num_prefill, tp=cp.tp, max_batch_size=sched.max_batch_size,
+        max_num_tokens=sched.max_num_tokens, max_input_len=result.max_input_len,
+        max_seq_len=result.max_input_len + 1, bucket_boundaries_tokens=list(sched.bucket_boundaries_tokens),
+        bucket_timeout_s=sched.bucket_timeout_s, min_batch_size=sched.min_batch_size,
+        kv_capacity_tokens=cp.inst.kv_capacity_tokens, perf_source=cp.inst.source)
+    plan.decode = DecodePlan(
+        num_instances=choice.num_decode, tp=cd.tp, max_batch_size=cd.max_batch_size,
+        max_num_tokens=cd.max_batch_size, max_input_len=result.max_input_len, max_seq_len=result.max_seq_len,
+        kv_capacity_tokens=cd.inst.kv_capacity_tokens, perf_source=cd.inst.source)
+    rate_d = (rate or choice.max_rate_per_s) / choice.num_decode
+    plan.kv_transfer = KvTransferPlan(
+        link=choice.link_kind, link_bandwidth_bytes_per_s=link.bytes_per_s,
+        required_bandwidth_bytes_per_s=link.required_bytes_per_s(rate_d),
+        link_utilization=rate_d * link.transfer_s(s.input.mean), kv_bytes_per_token=link.kv_bytes_per_token,
+        mean_bytes_per_request=s.input.mean * link.kv_bytes_per_token, mean_transfer_s=link.transfer_s(s.input.mean))
+    plan.num_gpus = choice.num_gpus
+    plan.max_rate_per_s = choice.max_rate_per_s
+    plan.goodput_per_gpu_per_s = choice.goodput_per_gpu_per_s
+    plan.expected = Expected(ttft_p_s=est.ttft_p_s, tpot_p_s=est.tpot_p_s, decode_batch_mean=est.decode_batch_mean,
+                             prefill_utilization=est.prefill_utilization,
+                             ttft_correction=choice.config.ttft_correction,
+                             tpot_correction=choice.config.tpot_correction)
+    if verdict is not None:
+        sm = verdict.summary
+        b = sm.ttft_breakdown
+        plan.verification = Verification(
+            num_requests=sm.num_requests, rate_per_s=rate or 0.0, ttft_s=sm.ttft_s.as_dict(),
+            tpot_s=sm.tpot_s.as_dict(), slo_attainment=sm.slo_attainment or 0.0, passed=verdict.passed,
+            ttft_breakdown_s={} if b is None else {
+                "prefill_queue": b.prefill_queue_s, "prefill_compute": b.prefill_compute_s,
+                "decode_queue": b.decode_queue_s, "kv_transfer": b.kv_transfer_s},
+            simulations=[[float(p), float(d), a] for p, d, a in verdict.history])
+    plan.seed004 = _seed004_first_pass(problem, result, choice)
+    return plan

@@ -1,0 +1,279 @@
+"""The plan search: every TP pair, the fewest instances meeting the SLOs, DistServe's objective.
+
+With a target rate: for each (prefill TP, decode TP), the decode count comes from the highest
+per-instance rate meeting TPOT_p, the prefill count from the highest per-instance rate meeting
+TTFT_p (after the decode side's share of TTFT); keep the pair with the fewest GPUs, and among
+those the highest goodput per GPU (the highest rate the configuration sustains / its GPUs).
+Without a target, or when the target needs more GPUs than the budget: the configuration within
+the budget that sustains the highest rate. Infeasible targets name the binding constraint and
+the nearest feasible value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trtpd.catalog import ModelSpec
+from trtpd.perf.hardware import HardwareProfile
+from trtpd.planner.candidates import (DecodeCandidate, PrefillCandidate, Rejected, decode_candidate,
+                                      prefill_candidate, round_up)
+from trtpd.planner.estimate import Config, Estimate, _bisect_max
+from trtpd.planner.inputs import SearchSpace, Slo, Target
+from trtpd.planner.role_models import KvLinkModel, WorkloadStats
+from trtpd.sim.workload import WorkloadSpec
+
+MAX_BUMPS = 8
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    model: ModelSpec
+    hardware: HardwareProfile
+    workload: WorkloadSpec
+    slo: Slo
+    target: Target | None
+    space: SearchSpace
+
+
+@dataclass(frozen=True)
+class Choice:
+    config: Config
+    num_prefill: int
+    num_decode: int
+    estimate: Estimate
+    max_rate_per_s: float
+    link_kind: str
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_prefill * self.config.prefill.tp + self.num_decode * self.config.decode.tp
+
+    @property
+    def goodput_per_gpu_per_s(self) -> float:
+        return self.max_rate_per_s / self.num_gpus
+
+
+@dataclass
+class SearchResult:
+    stats: WorkloadStats
+    max_input_len: int
+    max_seq_len: int
+    rate_per_s: float | None
+    choice: Choice | None
+    feasible: bool
+    binding_constraint: str | None = None
+    nearest_feasible: dict[str, float] = field(default_factory=dict)
+    rejected: list[Rejected] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    planner: "Planner | None" = None
+
+
+def workload_stats(workload: WorkloadSpec) -> WorkloadStats:
+    cv = workload.arrival_cv
+    return WorkloadStats(workload.input_stats(), workload.output_stats(), cv * cv)
+
+
+class Planner:
+    def __init__(self, problem: PlanProblem) -> None:
+        self.problem = problem
+        p, space = problem, problem.space
+        self.stats = workload_stats(p.workload)
+        self.max_input_len = round_up(self.stats.input.max, space.tokens_per_block)
+        self.max_seq_len = self.max_input_len + int(self.stats.output.max)
+        self.p = p.slo.attainment
+        self.rejected: list[Rejected] = []
+        self.prefills: list[PrefillCandidate] = []
+        self.decodes: list[DecodeCandidate] = []
+        for tp in sorted(set(space.tp_prefill)):
+            c = prefill_candidate(p.model, p.hardware, tp, self.stats, self.max_input_len, space)
+            (self.rejected if isinstance(c, Rejected) else self.prefills).append(c)
+        for tp in sorted(set(space.tp_decode)):
+            c = decode_candidate(p.model, p.hardware, tp, self.stats, self.max_seq_len, p.slo, space)
+            (self.rejected if isinstance(c, Rejected) else self.decodes).append(c)
+        self._decode_rate: dict[tuple[int, int, str], float] = {}
+
+    # -- configuration building blocks ----------------------------------------------------------------
+    def link(self, tp_prefill: int, tp_decode: int, kind: str) -> KvLinkModel:
+        h = self.problem.hardware
+        per_device = h.nvlink_bandwidth_bytes_per_s if kind == "nvlink" else h.network_bandwidth_bytes_per_s
+        bw = per_device * min(tp_prefill, tp_decode) * h.link_efficiency
+        inst = self.prefills[0].inst if self.prefills else self.decodes[0].inst
+        return KvLinkModel(bw, self.problem.space.kv_link_latency_s, inst.kv_bytes_per_token, self.stats)
+
+    def config(self, cp: PrefillCandidate, cd: DecodeCandidate, kind: str) -> Config:
+        return Config(cp, cd, self.link(cp.tp, cd.tp, kind), self.problem.space.first_token_at == "decode")
+
+    def decode_rate_max(self, cfg: Config, kind: str) -> float:
+        key = (cfg.prefill.tp, cfg.decode.tp, kind)
+        if key not in self._decode_rate:
+            self._decode_rate[key] = cfg.decode_rate_max(self.problem.slo.tpot_s, self.p)
+        return self._decode_rate[key]
+
+    def counts_for_rate(self, cfg: Config, rate: float, kind: str) -> tuple[int, int, str | None]:
+        """Fewest (prefill, decode) instances for `rate`, or the binding constraint."""
+        slo = self.problem.slo
+        rate_d = self.decode_rate_max(cfg, kind)
+        if rate_d <= 0:
+            return 0, 0, "tpot"
+        num_d = max(1, math.ceil(rate / rate_d - 1e-9))
+        budget = slo.ttft_s - cfg.decode_side_ttft_s(rate / num_d, self.p)
+        rate_p = cfg.prefill_rate_max(budget, self.p) if budget > 0 else 0.0
+        if rate_p <= 0:
+            return 0, 0, "ttft"
+        num_p = max(1, math.ceil(rate / rate_p - 1e-9))
+        for _ in range(MAX_BUMPS):
+            est = cfg.estimate(num_p, num_d, rate, slo.ttft_s, slo.tpot_s, self.p)
+            if est.binding is None:
+                return num_p, num_d, None
+            if est.binding == "ttft":
+                num_p += 1
+            else:
+                num_d += 1
+        return num_p, num_d, est.binding
+
+    def max_rate(self, cfg: Config, num_p: int, num_d: int) -> float:
+        slo = self.problem.slo
+        hi = num_p * cfg.prefill.model.capacity_per_s()
+
+        def ok(rate: float) -> bool:
+            return cfg.estimate(num_p, num_d, rate, slo.ttft_s, slo.tpot_s, self.p).binding is None
+        return _bisect_max(ok, hi)
+
+    def choice(self, cfg: Config, num_p: int, num_d: int, rate: float, kind: str) -> Choice:
+        slo = self.problem.slo
+        est = cfg.estimate(num_p, num_d, rate, slo.ttft_s, slo.tpot_s, self.p)
+        return Choice(cfg, num_p, num_d, est, self.max_rate(cfg, num_p, num_d), kind)
+
+    def link_kind(self) -> str:
+        kind = self.problem.space.kv_link
+        return "network" if kind == "auto" else kind
+
+    # -- searches ------------------------------------------------------------------------------------
+    def for_rate(self, rate: float) -> tuple[list[tuple[int, Config, int, int]], dict[str, int]]:
+        kind = self.link_kind()
+        found, failures = [], {}
+        limit = self.problem.space.max_instances_per_role
+        for cp in self.prefills:
+            for cd in self.decodes:
+                cfg = self.config(cp, cd, kind)
+                num_p, num_d, binding = self.counts_for_rate(cfg, rate, kind)
+                if binding is None and max(num_p, num_d) > limit:
+                    binding = "instances"
+                if binding is not None:
+                    failures[binding] = failures.get(binding, 0) + 1
+                    continue
+                found.append((num_p * cp.tp + num_d * cd.tp, cfg, num_p, num_d))
+        return found, failures
+
+    def best_within_gpus(self, max_gpus: int) -> Choice | None:
+        """The configuration within max_gpus that sustains the highest rate."""
+        kind = self.link_kind()
+        slo, best, best_rate = self.problem.slo, None, 0.0
+        for cp in self.prefills:
+            for cd in self.decodes:
+                cfg = self.config(cp, cd, kind)
+                rate_d = self.decode_rate_max(cfg, kind)
+                if rate_d <= 0:
+                    continue
+                budget = slo.ttft_s - cfg.decode_side_ttft_s(rate_d, self.p)
+                rate_p = cfg.prefill_rate_max(budget, self.p) if budget > 0 else 0.0
+                if rate_p <= 0:
+                    continue
+                for num_p in range(1, max_gpus // cp.tp + 1):
+                    num_d = (max_gpus - num_p * cp.tp) // cd.tp
+                    if num_d < 1:
+                        break
+                    approx = min(num_p * rate_p, num_d * rate_d)
+                    if approx > best_rate * 0.98:
+                        rate = self.max_rate(cfg, num_p, num_d)
+                        if rate > best_rate:
+                            best, best_rate = (cfg, num_p, num_d), rate
+        if best is None:
+            return None
+        cfg, num_p, num_d = best
+        return self.choice(cfg, num_p, num_d, best_rate, kind)
+
+    def min_ttft_s(self) -> float:
+        kind, best = self.link_kind(), math.inf
+        for cp in self.prefills:
+            for cd in self.decodes:
+                cfg = self.config(cp, cd, kind)
+                tiny = 1e-6
+                wait, own = cp.model.ttft_parts_s(tiny, self.p)
+                best = min(best, wait + own + cfg.decode_side_ttft_s(tiny, self.p))
+        return best
+
+    def min_tpot_s(self) -> float:
+        from trtpd.perf.model import instance_perf
+        from trtpd.planner.role_models import DecodeModel
+        p, best = self.problem, math.inf
+        for tp in p.space.tp_decode:
+            try:
+                inst = instance_perf(p.model, p.hardware, tp, p.space.weight_dtype, p.space.kv_dtype)
+            except Exception:  # noqa: BLE001 - an invalid TP is already listed in rejected
+                continue
+            best = min(best, DecodeModel(inst, self.stats, 1).step_s(1.0))
+        return best
+
+
+def plan_search(problem: PlanProblem) -> SearchResult:
+    planner = Planner(problem)
+    target, space = problem.target, problem.space
+    rate = target.requests_per_s(planner.stats.mean_tokens_per_request) if target else None
+    result = SearchResult(planner.stats, planner.max_input_len, planner.max_seq_len, rate, None, False,
+                          rejected=list(planner.rejected), planner=planner)
+    if not planner.prefills or not planner.decodes:
+        return _no_candidates(planner, result)
+    if rate is None:
+        if space.max_gpus is None:
+            result.binding_constraint = "target"
+            result.notes.append("give a target rate or a GPU budget")
+            return result
+        result.choice = planner.best_within_gpus(space.max_gpus)
+        result.feasible = result.choice is not None
+        if result.choice:
+            result.rate_per_s = result.choice.max_rate_per_s
+        return result
+    found, failures = planner.for_rate(rate)
+    if not found:
+        return _infeasible_rate(planner, result, failures)
+    fewest = min(g for g, *_ in found)
+    kind = planner.link_kind()
+    tied = [planner.choice(cfg, n_p, n_d, rate, kind) for g, cfg, n_p, n_d in found if g == fewest]
+    choice = max(tied, key=lambda c: c.max_rate_per_s)
+    if space.max_gpus is not None and choice.num_gpus > space.max_gpus:
+        result.binding_constraint = "gpu_budget"
+        best = planner.best_within_gpus(space.max_gpus)
+        result.nearest_feasible = {"num_gpus": float(choice.num_gpus)}
+        if best is not None:
+            result.nearest_feasible["rate_per_s"] = best.max_rate_per_s
+        result.notes.append(f"{rate:.3g} requests/s needs {choice.num_gpus} GPUs; the budget is {space.max_gpus}")
+        result.choice = best
+        return result
+    result.choice, result.feasible = choice, True
+    return result
+
+
+def _no_candidates(planner: Planner, result: SearchResult) -> SearchResult:
+    roles = {r.role for r in planner.rejected}
+    if not planner.decodes and any(r.reason.startswith("TPOT") for r in planner.rejected):
+        result.binding_constraint = "tpot"
+        result.nearest_feasible = {"tpot_s": planner.min_tpot_s()}
+    else:
+        result.binding_constraint = "memory"
+    result.notes.append("no usable TP for " + " and ".join(sorted(roles)) + ": see rejected")
+    return result
+
+
+def _infeasible_rate(planner: Planner, result: SearchResult, failures: dict[str, int]) -> SearchResult:
+    binding = max(failures, key=failures.get) if failures else "unknown"
+    result.binding_constraint = binding
+    if binding == "ttft":
+        result.nearest_feasible = {"ttft_s": planner.min_ttft_s()}
+    elif binding == "tpot":
+        result.nearest_feasible = {"tpot_s": planner.min_tpot_s()}
+    elif binding == "instances":
+        limit = planner.problem.space.max_instances_per_role
+        result.notes.append(f"the rate needs more than {limit} instances of a role (max_instances_per_role)")
+    return result

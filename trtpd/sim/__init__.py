@@ -1,0 +1,1 @@
+"""Discrete-event simulator of disaggregated and colocated serving (heapq event loop)."""

@@ -1,0 +1,157 @@
+"""A simulated decode instance: continuous batching with the reference engine's scheduler.
+
+Life of a sequence: prefill done -> `add` (waiting) -> admitted by ContinuousBatchScheduler.schedule()
+at a step boundary (GUARANTEED_NO_EVICT reserves its blocks) -> KV pulled over this instance's
+ingress link (bytes / bandwidth, FIFO) -> ready -> joins the next step -> generates output_tokens - 1
+tokens, one per step (the first came from prefill) -> finished, blocks freed.
+
+Steps are simulated one by one (latency from the perf model at the step's batch size and total
+context), but no per-sequence work is done per step: a sequence's last step is known when it joins.
+With `exact_steps=True` the unmodified scheduler is called every step (its per-step KV growth
+included): slower, and used to check that the fast path makes the same decisions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable
+
+from trtpd.perf.model import PerfModel
+from trtpd.sched.block_allocator import BlockAllocator
+from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
+from trtpd.sim.events import EventLoop
+from trtpd.sim.records import RequestRecords
+from trtpd.sim.sequence import DeferredGrowthScheduler, SimSequence
+
+
+class KvLink:
+    """One FIFO ingress link: transfers queue and each takes latency + bytes / bandwidth."""
+
+    def __init__(self, bytes_per_s: float, latency_s: float) -> None:
+        self.bytes_per_s = bytes_per_s
+        self.latency_s = latency_s
+        self.free_at_s = 0.0
+        self.busy_s = 0.0
+
+    def transfer(self, now_s: float, num_bytes: float) -> float:
+        start = now_s if now_s > self.free_at_s else self.free_at_s
+        duration = self.latency_s + num_bytes / self.bytes_per_s
+        self.busy_s += duration
+        self.free_at_s = start + duration
+        return self.free_at_s
+
+
+class DecodeInstance:
+    def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: BatchSchedulerConfig,
+                 num_blocks: int, tokens_per_block: int, link: KvLink, kv_bytes_per_token: int,
+                 records: RequestRecords, first_token_at_decode: bool,
+                 on_kv_pulled: Callable[[float, int], None], exact_steps: bool = False) -> None:
+        self.index = index
+        self.loop = loop
+        self.perf = perf
+        allocator = BlockAllocator(num_blocks, tokens_per_block)
+        cls = ContinuousBatchScheduler if exact_steps else DeferredGrowthScheduler
+        self.scheduler = cls(config, allocator)
+        self.exact_steps = exact_steps
+        self.link = link
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.records = records
+        self.first_token_at_decode = first_token_at_decode
+        self.on_kv_pulled = on_kv_pulled   # (now_s, request index): lets prefill free its copy
+        self.is_stepping = False
+        self.num_steps = 0                 # completed steps
+        self.num_ready = 0                 # sequences in the current/next step
+        self.total_context_tokens = 0      # their context for the next step
+        self.joining: list[SimSequence] = []
+        self.finishing: list[tuple[int, int, SimSequence]] = []   # heap of (last_step, request, seq)
+        self.num_assigned = 0              # waiting + running + joining: the router's load signal
+        self.busy_s = 0.0
+        self.sum_batch_steps = 0           # sum of batch sizes over steps (mean batch = this / steps)
+
+    def add(self, now_s: float, index: int) -> None:
+        records = self.records
+        seq = SimSequence(index, records.input_tokens[index], records.output_tokens[index], now_s)
+        self.scheduler.add(seq)
+        self.num_assigned += 1
+        if not self.is_stepping:
+            self._admit(now_s)
+
+    def _admit(self, now_s: float) -> None:
+        plan = self.scheduler.schedule()
+        if self.exact_steps:
+            self._exact_plan = plan
+        if plan.admitted:
+            transfer_start, transfer_end = self.records.transfer_start_s, self.records.transfer_end_s
+            link, per_token, push = self.link, self.kv_bytes_per_token, self.loop.push
+            for seq in plan.admitted:
+                i = seq.request_id
+                transfer_start[i] = now_s
+                done_s = link.transfer(now_s, seq.num_prompt_tokens * per_token)
+                transfer_end[i] = done_s
+                push(done_s, self._kv_ready, seq)
+
+    def _kv_ready(self, now_s: float, seq: SimSequence) -> None:
+        i = seq.request_id
+        self.on_kv_pulled(now_s, i)
+        seq.is_ready = True
+        if self.first_token_at_decode:
+            self.records.first_token_s[i] = now_s
+        if seq.max_new_tokens <= 1:         # the prefill's token was the only one
+            self._finish(now_s, seq)
+            if not self.is_stepping and self.scheduler.waiting:
+                self._admit(now_s)
+            return
+        self.joining.append(seq)
+        if not self.is_stepping:
+            self._start_step(now_s)
+
+    def _start_step(self, now_s: float) -> None:
+        if self.joining:
+            step = self.num_steps + 1
+            finishing, push = self.finishing, heapq.heappush
+            for seq in self.joining:
+                seq.first_step = step
+                seq.last_step = step + seq.max_new_tokens - 2
+                self.total_context_tokens += seq.num_prompt_tokens + 1
+                push(finishing, (seq.last_step, seq.request_id, seq))
+            self.num_ready += len(self.joining)
+            self.joining.clear()
+        if self.exact_steps:
+            self._check_exact_plan(now_s)
+        if not self.num_ready:
+            self.is_stepping = False
+            return
+        duration_s = self.perf.decode_step_s(self.num_ready, self.total_context_tokens)
+        self.busy_s += duration_s
+        self.sum_batch_steps += self.num_ready
+        self.is_stepping = True
+        self.loop.push(now_s + duration_s, self._step_done)
+
+    def _step_done(self, now_s: float, _: object = None) -> None:
+        self.num_steps += 1
+        self.total_context_tokens += self.num_ready
+        finishing = self.finishing
+        while finishing and finishing[0][0] == self.num_steps:
+            seq = heapq.heappop(finishing)[2]
+            self.num_ready -= 1
+            self.total_context_tokens -= seq.num_prompt_tokens + seq.max_new_tokens
+            self._finish(now_s, seq)
+        if self.scheduler.waiting and not self.exact_steps:
+            self._admit(now_s)
+        self._start_step(now_s)
+
+    def _finish(self, now_s: float, seq: SimSequence) -> None:
+        records = self.records
+        records.done_s[seq.request_id] = now_s
+        records.num_done += 1
+        if not self.exact_steps:
+            seq.num_tokens = seq.num_prompt_tokens + seq.max_new_tokens - 1
+        self.scheduler.finish(seq)
+        self.num_assigned -= 1
+
+    def _check_exact_plan(self, now_s: float) -> None:
+        """Exact mode: the unmodified scheduler runs every step and must agree on the batch."""
+        self._admit(now_s)
+        decode = self._exact_plan.decode
+        if len(decode) != self.num_ready:
+            raise AssertionError(f"decode {self.index}: scheduler batch {len(decode)} != simulated {self.num_ready}")

@@ -1,0 +1,123 @@
+"""TTFT/TPOT percentiles, SLO attainment and goodput from a simulated run.
+
+TTFT = first token - arrival. TPOT = (last token - first token) / (output tokens - 1), as the bench
+tool and DistServe compute it. A request meets the SLO when TTFT <= ttft_s and TPOT <= tpot_s
+(DistServe's attainment; a one-token request has no TPOT and meets that half). Goodput here is
+the rate of requests that met the SLO; DistServe's goodput (the highest rate at which a share of
+requests meets it) is `trtpd.sim.goodput.max_goodput_rate_per_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from trtpd.sim.simulator import SimRun
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    def at(self, percentile: float) -> float:
+        return {50: self.p50, 90: self.p90, 99: self.p99}.get(percentile, self.p90)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+
+
+@dataclass(frozen=True)
+class TtftBreakdown:
+    """Mean seconds per stage, as the gateway reports it (seed 000 5.1)."""
+
+    prefill_queue_s: float
+    prefill_compute_s: float
+    decode_queue_s: float     # waiting for a decode instance to admit it
+    kv_transfer_s: float      # link queue + bytes / bandwidth
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    num_requests: int             # measured (after warm-up)
+    num_unfinished: int
+    ttft_s: Percentiles
+    tpot_s: Percentiles
+    slo_attainment: float | None
+    goodput_per_s: float | None
+    throughput_requests_per_s: float
+    throughput_tokens_per_s: float
+    ttft_breakdown: TtftBreakdown | None
+
+
+def _percentiles(x: np.ndarray) -> Percentiles:
+    x = x[~np.isnan(x)]
+    if not len(x):
+        return Percentiles(float("nan"), float("nan"), float("nan"), float("nan"))
+    p50, p90, p99 = np.percentile(x, PERCENTILES)
+    return Percentiles(float(x.mean()), float(p50), float(p90), float(p99))
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """Per-request arrays of the measured requests."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray       # NaN where output_tokens == 1
+    done: np.ndarray         # bool
+
+    def attainment(self, ttft_slo_s: float, tpot_slo_s: float) -> float:
+        ok = self.done & (self.ttft_s <= ttft_slo_s) & (np.isnan(self.tpot_s) | (self.tpot_s <= tpot_slo_s))
+        return float(ok.mean()) if len(ok) else 0.0
+
+
+def latencies(run: SimRun, warmup_fraction: float = 0.1) -> Latencies:
+    r = run.records
+    start = int(len(r.arrival_s) * warmup_fraction)
+    arrival = np.asarray(r.arrival_s[start:])
+    first = np.asarray(r.first_token_s[start:])
+    done_s = np.asarray(r.done_s[start:])
+    out = np.asarray(r.output_tokens[start:], dtype=np.float64)
+    ttft = first - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (done_s - first) / (out - 1), np.nan)
+    return Latencies(ttft, tpot, ~np.isnan(done_s))
+
+
+def summarize(run: SimRun, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+              warmup_fraction: float = 0.1) -> SimSummary:
+    r = run.records
+    lat = latencies(run, warmup_fraction)
+    start = int(len(r.arrival_s) * warmup_fraction)
+    arrival = np.asarray(r.arrival_s[start:])
+    span = float(arrival[-1] - arrival[0]) if len(arrival) > 1 else run.span_s
+    n = len(arrival)
+    num_done = int(lat.done.sum())
+    tokens = float(np.sum(np.asarray(r.input_tokens[start:]) + np.asarray(r.output_tokens[start:])))
+    attainment = goodput = None
+    if ttft_slo_s is not None and tpot_slo_s is not None:
+        attainment = lat.attainment(ttft_slo_s, tpot_slo_s)
+        goodput = attainment * n / span if span > 0 else None
+    return SimSummary(
+        num_requests=n, num_unfinished=n - num_done,
+        ttft_s=_percentiles(lat.ttft_s), tpot_s=_percentiles(lat.tpot_s),
+        slo_attainment=attainment, goodput_per_s=goodput,
+        throughput_requests_per_s=n / span if span > 0 else 0.0,
+        throughput_tokens_per_s=tokens / span if span > 0 else 0.0,
+        ttft_breakdown=_breakdown(run, start))
+
+
+def _breakdown(run: SimRun, start: int) -> TtftBreakdown | None:
+    r = run.records
+    arrival = np.asarray(r.arrival_s[start:])
+    p_start, p_end = np.asarray(r.prefill_start_s[start:]), np.asarray(r.prefill_end_s[start:])
+    t_start, t_end = np.asarray(r.transfer_start_s[start:]), np.asarray(r.transfer_end_s[start:])
+    if np.all(np.isnan(t_start)):
+        return TtftBreakdown(float(np.nanmean(p_start - arrival)), float(np.nanmean(p_end - p_start)), 0.0, 0.0)
+    return TtftBreakdown(float(np.nanmean(p_start - arrival)), float(np.nanmean(p_end - p_start)),
+                         float(np.nanmean(t_start - p_end)), float(np.nanmean(t_end - t_start)))

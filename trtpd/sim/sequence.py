@@ -1,0 +1,38 @@
+"""The simulator's sequence: the scheduler's SchedSequence plus the simulator's own bookkeeping.
+
+Equality is identity. SchedSequence is a dataclass with field-wise __eq__, which makes the
+scheduler's `seq in self.running` / `running.remove(seq)` build and compare field tuples for
+every element; two distinct sequences are never the same sequence, so identity is also the
+correct meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trtpd.sched.continuous import ContinuousBatchScheduler, SchedSequence
+
+
+@dataclass(eq=False)
+class SimSequence(SchedSequence):
+    first_step: int = 0        # the decode step in which it generates its first token
+    last_step: int = 0         # the step that generates its last token
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+
+class DeferredGrowthScheduler(ContinuousBatchScheduler):
+    """ContinuousBatchScheduler without the per-step allocation of blocks for generated tokens.
+
+    Admission is decided by the unmodified `schedule()`. Under GUARANTEED_NO_EVICT that decision
+    depends only on free - reserved blocks = num_blocks - sum over running of the blocks for
+    max_total_tokens, and allocating a reserved block moves it from "reserved" to "used" without
+    changing that difference; so skipping the growth changes no decision
+    (tests/unit/sim/test_equivalence.py checks it against the unmodified class). It saves the
+    simulator a Python call per sequence per step. A sequence's block table holds its prompt blocks;
+    the rest of its blocks stay reserved until it finishes.
+    """
+
+    def _grow(self, seq: SchedSequence) -> None:
+        pass

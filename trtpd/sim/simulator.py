@@ -1,0 +1,123 @@
+"""Runs a workload through a cluster: arrivals -> router -> prefill -> KV link -> decode (or colocated)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from trtpd.sim.cluster import ClusterSpec
+from trtpd.sim.colocated_instance import ColocatedInstance
+from trtpd.sim.decode_instance import DecodeInstance, KvLink
+from trtpd.sim.events import EventLoop
+from trtpd.sim.prefill_instance import PrefillInstance
+from trtpd.sim.records import RequestRecords
+from trtpd.sim.workload import RequestArrays
+
+
+@dataclass(frozen=True)
+class InstanceUsage:
+    role: str
+    index: int
+    busy_share: float          # share of the simulated span the instance was computing
+    mean_batch_size: float     # decode/colocated: mean sequences per step; prefill: 0
+
+
+@dataclass
+class SimRun:
+    records: RequestRecords
+    usage: list[InstanceUsage]
+    link_busy_share: list[float]
+    span_s: float
+    num_events: int
+
+
+def _blocks(kv_capacity_tokens: int, tokens_per_block: int) -> int:
+    return max(1, kv_capacity_tokens // tokens_per_block)
+
+
+class Simulator:
+    def __init__(self, cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False) -> None:
+        self.cluster = cluster
+        self.requests = requests
+        self.loop = EventLoop()
+        self.records = RequestRecords(requests)
+        self.prefills: list[PrefillInstance] = []
+        self.decodes: list[DecodeInstance] = []
+        self.colocated: list[ColocatedInstance] = []
+        c, tpb = cluster, cluster.tokens_per_block
+        assert c.decode is not None
+        if c.mode == "disaggregated":
+            assert c.prefill is not None and c.kv_link is not None
+            self.prefills = [PrefillInstance(i, self.loop, c.prefill.perf, c.prefill.scheduler,
+                                             c.prefill.kv_capacity_tokens, self.records, self._on_prefilled)
+                             for i in range(c.prefill.num_instances)]
+            self.decodes = [DecodeInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
+                                           _blocks(c.decode.kv_capacity_tokens, tpb), tpb,
+                                           KvLink(c.kv_link.bytes_per_s, c.kv_link.latency_s),
+                                           c.kv_link.kv_bytes_per_token, self.records,
+                                           c.first_token_at == "decode", self._on_kv_pulled, exact_steps)
+                            for i in range(c.decode.num_instances)]
+        else:
+            self.colocated = [ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
+                                                _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records,
+                                                exact_steps)
+                              for i in range(c.decode.num_instances)]
+        self._entry = self.prefills or self.colocated
+        self._round_robin = itertools.cycle(range(len(self._entry)))
+        self._decode_round_robin = itertools.cycle(range(len(self.decodes) or 1))
+        self._least_loaded = cluster.routing == "least_loaded"
+        self._first_token_at_prefill = cluster.first_token_at == "prefill"
+
+    # -- routing -----------------------------------------------------------------------------------
+    def _on_arrival(self, now_s: float, index: int) -> None:
+        entry = self._entry
+        if len(entry) == 1:
+            target = entry[0]
+        elif self._least_loaded:
+            target = min(entry, key=_queued_tokens)
+        else:
+            target = entry[next(self._round_robin)]
+        target.add(now_s, index)
+        nxt = index + 1
+        if nxt < len(self.requests):
+            self.loop.push(self.requests.arrival_s[nxt], self._on_arrival, nxt)
+
+    def _on_prefilled(self, now_s: float, index: int) -> None:
+        if self._first_token_at_prefill:
+            self.records.first_token_s[index] = now_s
+        decodes = self.decodes
+        if len(decodes) == 1:
+            target = decodes[0]
+        elif self._least_loaded:
+            target = min(decodes, key=_num_assigned)
+        else:
+            target = decodes[next(self._decode_round_robin)]
+        target.add(now_s, index)
+
+    def _on_kv_pulled(self, now_s: float, index: int) -> None:
+        self.prefills[self.records.prefill_instance[index]].release_kv(now_s, self.records.input_tokens[index])
+
+    # -- run ---------------------------------------------------------------------------------------
+    def run(self) -> SimRun:
+        if len(self.requests):
+            self.loop.push(self.requests.arrival_s[0], self._on_arrival, 0)
+        self.loop.run()
+        span = max(self.loop.now_s - (self.requests.arrival_s[0] if len(self.requests) else 0.0), 1e-12)
+        usage = [InstanceUsage("prefill", p.index, p.busy_s / span, 0.0) for p in self.prefills]
+        for role, group in (("decode", self.decodes), ("colocated", self.colocated)):
+            usage += [InstanceUsage(role, d.index, d.busy_s / span, d.sum_batch_steps / max(d.num_steps, 1))
+                      for d in group]
+        links = [d.link.busy_s / span for d in self.decodes]
+        return SimRun(self.records, usage, links, span, self.loop.num_events)
+
+
+def _queued_tokens(instance) -> int:
+    return instance.queued_tokens
+
+
+def _num_assigned(instance) -> int:
+    return instance.num_assigned
+
+
+def simulate(cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False) -> SimRun:
+    return Simulator(cluster, requests, exact_steps).run()
