@@ -1,0 +1,234 @@
+"""The prefill side of the KV transfer: keeps each request's KV blocks until a decode instance has pulled them.
+
+The prefill engine thread calls register() when a batch is scheduled, mark_layers_ready() after each layer,
+complete() with the first token (or fail()), and frees the blocks of the ids drain_released() returns.
+The exporter serves pulls on its own threads: one accepts connections, one per pull streams layers as they
+become ready (frame.py describes the protocol), and a reaper releases exports whose deadline passed
+(transfer_timeout_s after register(), renewed by complete()), so KV is never held forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+from typing import Callable
+
+from trtpd.kv import frame
+from trtpd.kv.endpoint import TRANSPORTS, KvEndpoint
+from trtpd.kv.errors import (KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError, KvHandleError,
+                             KvProtocolError)
+from trtpd.kv.export_table import Abort, Export, ExportCounters, ExportTable
+from trtpd.kv.frame import ErrorCode, Kind
+from trtpd.kv.handle import HANDLE_VERSION, MAX_HANDLE_BYTES, ContextPhaseParams, check_key, decode, encode
+from trtpd.kv.pool import KvPool
+from trtpd.kv.spans import check_blocks, layer_stride_bytes, pool_bytes, request_spans
+from trtpd.errors import ConfigError
+
+PULL_REQUEST_TIMEOUT_S = 10.0    # a connection must send its PULL within this
+SOCKET_BUFFER_BYTES = 4 << 20
+
+
+class KvExporter:
+    def __init__(self, pool: KvPool, key: bytes, transport: str = "shm", host: str = "127.0.0.1", port: int = 0,
+                 transfer_timeout_s: float = 30.0, wakeup: Callable[[], None] | None = None) -> None:
+        if transport not in TRANSPORTS:
+            raise ConfigError(f"KV transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
+        if transport == "shm" and pool.shm_name is None:
+            raise ConfigError("KV transport 'shm' needs the prefill pool in shared memory: create it with "
+                              "KvPool(..., shm_name=...), or use transport 'tcp'")
+        if transfer_timeout_s <= 0:
+            raise ConfigError(f"transfer_timeout_s must be positive, got {transfer_timeout_s}")
+        check_key(key)
+        self.pool = pool
+        self.transport = transport
+        self.transfer_timeout_s = transfer_timeout_s
+        self._key = key
+        self._pool_view = memoryview(pool_bytes(pool))
+        self._layer_stride_bytes = layer_stride_bytes(pool.layout, pool.num_blocks)
+        self._table = ExportTable(pool.layout.num_layers, on_release=wakeup)
+        self._listener = socket.create_server((host, port))
+        self._endpoint = KvEndpoint(transport, host, self._listener.getsockname()[1], pool.shm_name)
+        self._sessions: set[socket.socket] = set()
+        self._sessions_lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._accept_loop, name="kv-export-accept", daemon=True),
+                         threading.Thread(target=self._table.reap_until_closed, name="kv-export-reaper", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    # engine-thread API
+
+    @property
+    def endpoint(self) -> str:
+        return str(self._endpoint)
+
+    def register(self, request_id: str, block_ids: list[int], num_tokens: int) -> bytes:
+        """Starts an export before any layer is computed; returns a signed handle without a first token."""
+        check_blocks(self.pool.layout, self.pool.num_blocks, block_ids, num_tokens, f"request {request_id!r}")
+        export = self._table.add(request_id, block_ids, num_tokens, self.transfer_timeout_s)
+        return self._sign(export, None)
+
+    def mark_layers_ready(self, request_ids: list[str], layer: int) -> None:
+        self._table.mark_ready(request_ids, layer)
+
+    def complete(self, request_id: str, first_token: int) -> bytes:
+        """All layers are written and the first token is known; returns the signed handle that carries it."""
+        try:
+            export = self._table.complete(request_id, first_token)
+        except KeyError as e:
+            raise KvExportNotFoundError(
+                f"cannot complete the KV export of request {request_id!r}: {e.args[0]}; its KV is gone, fail the "
+                f"request (or raise transfer_timeout_s, now {self.transfer_timeout_s:g} s)") from None
+        return self._sign(export, first_token)
+
+    def fail(self, request_id: str, reason: str) -> None:
+        self._table.fail(request_id, reason)
+
+    def drain_released(self) -> list[str]:
+        return self._table.drain_released()
+
+    @property
+    def num_pending(self) -> int:
+        with self._table.cond:
+            return len(self._table.exports)
+
+    @property
+    def counters(self) -> ExportCounters:
+        with self._table.cond:
+            return dataclasses.replace(self._table.counters)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.counters.bytes_sent
+
+    @property
+    def num_pulls(self) -> int:
+        return self.counters.num_pulls
+
+    @property
+    def num_timeouts(self) -> int:
+        return self.counters.num_timeouts
+
+    def close(self) -> None:
+        self._table.close(f"the prefill KV exporter at {self.endpoint} is shutting down")
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        with self._sessions_lock:
+            for sock in self._sessions:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+    def _sign(self, export: Export, first_token: int | None) -> bytes:
+        now_s = time.time()
+        expires_at_s = now_s + max(export.deadline_s - time.monotonic(), 0.0)
+        params = ContextPhaseParams(HANDLE_VERSION, self.endpoint, export.request_id, self.pool.layout,
+                                    export.num_tokens, first_token, now_s, expires_at_s)
+        return encode(params, self._key)
+
+    # serving threads
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return      # closed
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+            with self._sessions_lock:
+                self._sessions.add(sock)
+            threading.Thread(target=self._serve, args=(sock,), name="kv-export-pull", daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        export, why = None, "pull connection broke"
+        try:
+            sock.settimeout(PULL_REQUEST_TIMEOUT_S)
+            request, blob = frame.recv_frame(sock, MAX_HANDLE_BYTES)
+            if request.kind != Kind.PULL:
+                raise KvProtocolError(f"expected a PULL frame, got {request.kind.name}")
+            params = self._verify(blob)
+            export = self._table.attach(params.request_id)
+            accept = b""
+            if self.transport == "shm":
+                accept = b"".join(x.to_bytes(4, "big") for x in [self.pool.num_blocks, *export.block_ids])
+            frame.send_frame(sock, Kind.ACCEPT, accept)
+            self._send_layers(sock, export)
+            first_token = self._table.wait_first_token(export)
+            frame.send_frame(sock, Kind.DONE, first_token.to_bytes(8, "big", signed=True))
+            sock.settimeout(self._remaining_s(export))
+            try:
+                reply, _ = frame.recv_frame(sock, 0)
+            except socket.timeout:
+                raise export.abort or Abort(ErrorCode.TIMED_OUT, "timed out waiting for the decode side's ACK")
+            if reply.kind != Kind.ACK:
+                raise KvProtocolError(f"expected an ACK frame, got {reply.kind.name}")
+            self._table.ack(export, self.pool.layout.bytes_for(export.num_tokens))
+            why = "pulled"
+            frame.send_frame(sock, Kind.CONFIRM)
+        except Abort as abort:
+            why = abort.message
+            if export is None:
+                with self._table.cond:
+                    self._table.counters.num_refused += 1
+            try:
+                sock.settimeout(1.0)
+                frame.send_frame(sock, Kind.ERROR, abort.message.encode(), code=abort.code)
+            except OSError:
+                pass
+        except (OSError, KvProtocolError) as e:
+            why = f"pull connection broke: {e}"
+        finally:
+            if export is not None:
+                self._table.release(export, why)
+            with self._sessions_lock:
+                self._sessions.discard(sock)
+            sock.close()
+
+    def _verify(self, blob: bytes) -> ContextPhaseParams:
+        try:
+            params = decode(blob, self._key, time.time())
+        except KvHandleForgedError as e:
+            raise Abort(ErrorCode.FORGED, str(e)) from None
+        except KvHandleExpiredError as e:
+            raise Abort(ErrorCode.EXPIRED, str(e)) from None
+        except KvHandleError as e:
+            raise Abort(ErrorCode.MALFORMED, str(e)) from None
+        if params.endpoint != self.endpoint:
+            raise Abort(ErrorCode.NOT_FOUND, f"the handle was issued by {params.endpoint}, not by this exporter")
+        problems = params.layout.mismatches(self.pool.layout, "handle", "prefill pool")
+        if problems:
+            raise Abort(ErrorCode.LAYOUT, "; ".join(problems))
+        return params
+
+    def _send_layers(self, sock: socket.socket, export: Export) -> None:
+        spans = request_spans(self.pool.layout, export.block_ids, export.num_tokens)
+        payload_bytes = sum(size for _, size in spans) if self.transport == "tcp" else 0
+        num_sent = 0
+        while num_sent < self.pool.layout.num_layers:
+            num_ready = self._table.wait_layers(export, num_sent)
+            if self.transport == "shm":   # say which layers are ready; the importer copies them from the pool
+                sock.settimeout(self._remaining_s(export))
+                sock.sendall(b"".join(frame.pack_header(Kind.LAYER, 0, layer=layer)
+                                      for layer in range(num_sent, num_ready)))
+            else:
+                for layer in range(num_sent, num_ready):
+                    if export.abort is not None:
+                        raise export.abort
+                    sock.settimeout(self._remaining_s(export))
+                    base = layer * self._layer_stride_bytes
+                    header = frame.pack_header(Kind.LAYER, payload_bytes, layer=layer)
+                    frame.send_buffers(sock, [memoryview(header)] + [
+                        self._pool_view[base + offset:base + offset + size] for offset, size in spans])
+            num_sent = num_ready
+
+    @staticmethod
+    def _remaining_s(export: Export) -> float:
+        return max(export.deadline_s - time.monotonic(), 0.001)

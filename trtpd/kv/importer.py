@@ -1,0 +1,222 @@
+"""The decode side of the KV transfer: checks a handle, then pulls the request's KV layer by layer.
+
+verify() refuses a forged, stale or incompatible handle before anything moves. pull() connects to the
+exporter named in the handle, receives (tcp) or copies out of the mapped prefill pool (shm) each layer as
+soon as prefill has written it, waits for the first token, acknowledges, and returns only once the exporter
+confirms that the acknowledgement beat any timeout. Several pulls may run at once on different threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from trtpd.kv import frame
+from trtpd.kv.endpoint import KvEndpoint
+from trtpd.kv.errors import (KvConnectError, KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError,
+                             KvHandleMalformedError, KvLayoutMismatchError, KvPrefillFailedError,
+                             KvProtocolError, KvTransferError, KvTransferTimeoutError)
+from trtpd.kv.frame import ErrorCode, Kind
+from trtpd.kv.handle import ContextPhaseParams, check_key, check_layout, decode, encode
+from trtpd.kv.pool import KvPool
+from trtpd.kv.shm_source import ShmPoolSources
+from trtpd.kv.spans import check_blocks, copy_plan, layer_stride_bytes, pool_bytes, request_spans
+
+EXPIRY_GRACE_S = 5.0           # a pull without its own timeout gives up this long after the handle expires
+MAX_CONTROL_PAYLOAD_BYTES = 64 * 1024 + 4 * (1 << 20)
+SOCKET_BUFFER_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class PullResult:
+    request_id: str
+    endpoint: str
+    first_token: int
+    bytes_moved: int                  # KV bytes written into the decode pool: layout.bytes_for(num_tokens)
+    wire_bytes: int                   # bytes the exporter sent on the socket: frame headers and payloads
+    seconds: float                    # connect to confirmation
+    layer_done_s: tuple[float, ...]   # per layer: seconds after the pull started when it was in the decode pool
+    layer_move_s: tuple[float, ...]   # per layer: seconds spent receiving or copying it (no waiting)
+
+
+class KvImporter:
+    def __init__(self, pool: KvPool, key: bytes, connect_timeout_s: float = 5.0) -> None:
+        check_key(key)
+        self.pool = pool
+        self.connect_timeout_s = connect_timeout_s
+        self._key = key
+        self._pool_array = pool_bytes(pool)
+        self._pool_view = memoryview(self._pool_array)
+        self._layer_stride_bytes = layer_stride_bytes(pool.layout, pool.num_blocks)
+        self._sources = ShmPoolSources()
+
+    def verify(self, blob: bytes, now_s: float) -> ContextPhaseParams:
+        """Signature, expiry and layout against this pool; raises a KvTransferError subclass, moves nothing."""
+        params = decode(blob, self._key, now_s)
+        check_layout(params, self.pool.layout)
+        return params
+
+    def pull(self, params: ContextPhaseParams, dst_block_ids: list[int],
+             on_layer: Callable[[int], None] | None = None, timeout_s: float | None = None) -> PullResult:
+        """Blocks until the request's KV is in `dst_block_ids` (block i of the request -> dst_block_ids[i])."""
+        check_layout(params, self.pool.layout)
+        where = f"KV pull of request {params.request_id!r} from {params.endpoint}"
+        check_blocks(self.pool.layout, self.pool.num_blocks, dst_block_ids, params.num_tokens, where)
+        endpoint = KvEndpoint.parse(params.endpoint)
+        if timeout_s is None:
+            timeout_s = max(params.expires_at_s - time.time(), 0.0) + EXPIRY_GRACE_S
+        pull = _Pull(self, params, endpoint, list(dst_block_ids), where, time.monotonic() + timeout_s)
+        return pull.run(on_layer)
+
+    def close(self) -> None:
+        self._sources.close()
+
+
+class _Pull:
+    """One pull on one connection; raises KvTransferError subclasses that say what happened and what to do."""
+
+    def __init__(self, importer: KvImporter, params: ContextPhaseParams, endpoint: KvEndpoint,
+                 dst_block_ids: list[int], where: str, deadline_s: float) -> None:
+        self.importer, self.params, self.endpoint = importer, params, endpoint
+        self.dst_block_ids, self.where, self.deadline_s = dst_block_ids, where, deadline_s
+        self.layout = importer.pool.layout
+        self.wire_bytes = 0
+        self.waiting_for = "the connection"
+
+    def run(self, on_layer: Callable[[int], None] | None) -> PullResult:
+        start_s = time.perf_counter()
+        try:
+            sock = socket.create_connection((self.endpoint.host, self.endpoint.port),
+                                            timeout=min(self.importer.connect_timeout_s, self._remaining_s()))
+        except socket.timeout:
+            raise KvTransferTimeoutError(f"{self.where}: connecting timed out; check that the prefill instance is "
+                                         f"up and reachable from this host, then re-run prefill") from None
+        except OSError as e:
+            raise KvConnectError(f"{self.where}: cannot connect ({e.strerror or e}); check that the prefill instance "
+                                 f"is up and reachable from this host, then re-run prefill for this request") from None
+        with sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+            try:
+                return self._converse(sock, start_s, on_layer)
+            except socket.timeout:
+                raise KvTransferTimeoutError(
+                    f"{self.where}: timed out waiting for {self.waiting_for}; the prefill instance may be stuck or "
+                    f"overloaded; re-run prefill for this request") from None
+            except OSError as e:
+                raise KvConnectError(
+                    f"{self.where}: the connection broke while waiting for {self.waiting_for} ({e}); the prefill "
+                    f"instance may have stopped or timed the export out; re-run prefill for this request") from None
+
+    def _converse(self, sock: socket.socket, start_s: float, on_layer: Callable[[int], None] | None) -> PullResult:
+        sock.settimeout(self._remaining_s())
+        frame.send_frame(sock, Kind.PULL, encode(self.params, self.importer._key))
+        _, accept = self._expect(sock, Kind.ACCEPT, "the exporter to accept the pull")
+        move_layer = self._shm_mover(accept) if self.endpoint.transport == "shm" else self._tcp_mover(sock)
+        layer_done_s, layer_move_s = [], []
+        for layer in range(self.layout.num_layers):
+            header, _ = self._expect(sock, Kind.LAYER, f"layer {layer}", read_payload=False)
+            if header.layer != layer:
+                raise KvProtocolError(f"{self.where}: expected layer {layer}, the exporter sent layer {header.layer}")
+            move_start_s = time.perf_counter()
+            move_layer(layer, header.payload_bytes)
+            done_s = time.perf_counter()
+            layer_move_s.append(done_s - move_start_s)
+            layer_done_s.append(done_s - start_s)
+            if on_layer is not None:
+                on_layer(layer)
+        _, done = self._expect(sock, Kind.DONE, "the first token")
+        first_token = int.from_bytes(done, "big", signed=True)
+        frame.send_frame(sock, Kind.ACK)
+        self._expect(sock, Kind.CONFIRM, "the exporter to confirm the acknowledgement")
+        return PullResult(self.params.request_id, self.params.endpoint, first_token,
+                          self.layout.bytes_for(self.params.num_tokens), self.wire_bytes,
+                          time.perf_counter() - start_s, tuple(layer_done_s), tuple(layer_move_s))
+
+    def _tcp_mover(self, sock: socket.socket) -> Callable[[int, int], None]:
+        spans = request_spans(self.layout, self.dst_block_ids, self.params.num_tokens)
+        layer_bytes = sum(size for _, size in spans)
+        view, stride = self.importer._pool_view, self.importer._layer_stride_bytes
+
+        def move(layer: int, payload_bytes: int) -> None:
+            if payload_bytes != layer_bytes:
+                raise KvProtocolError(f"{self.where}: layer {layer} carries {payload_bytes} bytes, expected "
+                                      f"{layer_bytes} for {self.params.num_tokens} tokens")
+            sock.settimeout(self._remaining_s())
+            base = layer * stride
+            self.wire_bytes += frame.recv_into_buffers(sock, [view[base + o:base + o + n] for o, n in spans])
+        return move
+
+    def _shm_mover(self, accept: bytes) -> Callable[[int, int], None]:
+        words = [int.from_bytes(accept[i:i + 4], "big") for i in range(0, len(accept), 4)]
+        if len(accept) % 4 or not words:
+            raise KvProtocolError(f"{self.where}: malformed ACCEPT payload ({len(accept)} bytes)")
+        src_num_blocks, src_block_ids = words[0], words[1:]
+        check_blocks(self.layout, src_num_blocks, src_block_ids, self.params.num_tokens, f"{self.where} (prefill)")
+        source = self.importer._sources.get(self.endpoint.shm_name, self.layout, src_num_blocks, self.where)
+        plan = copy_plan(self.layout, src_block_ids, self.dst_block_ids, self.params.num_tokens)
+        src_stride = layer_stride_bytes(self.layout, src_num_blocks)
+        dst_stride = self.importer._layer_stride_bytes
+        if any(src + size > src_stride or dst + size > dst_stride for src, dst, size in plan):
+            raise KvProtocolError(f"{self.where}: copy plan leaves the pools; refusing to copy")  # memmove guard
+        src_address, dst_address = source.address, self.importer._pool_array.ctypes.data
+
+        def move(layer: int, payload_bytes: int) -> None:
+            if payload_bytes:
+                raise KvProtocolError(f"{self.where}: shm LAYER frame with {payload_bytes} payload bytes")
+            src_base, dst_base = src_address + layer * src_stride, dst_address + layer * dst_stride
+            for src, dst, size in plan:
+                ctypes.memmove(dst_base + dst, src_base + src, size)
+        return move
+
+    def _expect(self, sock: socket.socket, kind: Kind, what: str,
+                read_payload: bool = True) -> tuple[frame.Frame, bytes]:
+        self.waiting_for = what
+        sock.settimeout(self._remaining_s())
+        header = frame.unpack_header(frame.recv_exact(sock, frame.HEADER_BYTES))
+        self.wire_bytes += frame.HEADER_BYTES
+        payload = b""
+        if header.kind == Kind.ERROR or read_payload:
+            if header.payload_bytes > MAX_CONTROL_PAYLOAD_BYTES:
+                raise KvProtocolError(f"{self.where}: {header.kind.name} frame of {header.payload_bytes} bytes")
+            payload = frame.recv_exact(sock, header.payload_bytes)
+            self.wire_bytes += len(payload)
+        if header.kind == Kind.ERROR:
+            raise self._remote_error(header.code, payload.decode(errors="replace"))
+        if header.kind != kind:
+            raise KvProtocolError(f"{self.where}: expected {kind.name} while waiting for {what}, "
+                                  f"got {header.kind.name}")
+        return header, payload
+
+    def _remote_error(self, code: int, message: str) -> KvTransferError:
+        rerun = "re-run prefill for this request"
+        where = f"{self.where}: the prefill side refused"
+        if code == ErrorCode.NOT_FOUND:
+            return KvExportNotFoundError(f"{where}: no such export, {message}; {rerun}")
+        if code == ErrorCode.PREFILL_FAILED:
+            return KvPrefillFailedError(f"{where}: {message}; fail the request or retry it from prefill")
+        if code == ErrorCode.TIMED_OUT:
+            return KvTransferTimeoutError(f"{where}: the export {message}; {rerun}, and raise transfer_timeout_s or "
+                                          f"add decode capacity if decode routinely pulls this late")
+        if code == ErrorCode.FORGED:
+            return KvHandleForgedError(f"{where} the handle: {message}")
+        if code == ErrorCode.EXPIRED:
+            return KvHandleExpiredError(f"{where} the handle: {message}")
+        if code == ErrorCode.MALFORMED:
+            return KvHandleMalformedError(f"{where} the handle: {message}")
+        if code == ErrorCode.LAYOUT:
+            return KvLayoutMismatchError(f"{where}: KV layout mismatch: {message}", message.split("; "))
+        if code == ErrorCode.CLOSING:
+            return KvConnectError(f"{where}: {message}; {rerun} on another prefill instance")
+        if code == ErrorCode.BUSY:
+            return KvTransferError(f"{where}: {message}; a handle can be pulled once, by one decode instance")
+        return KvTransferError(f"{where}: error code {code}: {message}")
+
+    def _remaining_s(self) -> float:
+        remaining = self.deadline_s - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout()
+        return remaining
