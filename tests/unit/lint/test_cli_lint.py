@@ -1,0 +1,67 @@
+"""`trtpd lint` on what `trtpd build --configs-only` wrote, and on two manifests alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtpd.build.manifest import write_manifest
+from trtpd.cli.main import main
+from trtpd.lint import RULES, discover, lint_deployment
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    engines = tmp_path_factory.mktemp("engines")
+    assert main(["build", "--model", "llama-3.1-8b", "--no-fp8", "--configs-only", "--engines-dir", str(engines)]) == 0
+    return engines / "llama-3.1-8b"
+
+
+def test_lint_of_a_fresh_build_has_no_errors(built, capsys):
+    assert main(["lint", str(built), "--no-port-check"]) == 0
+    out = capsys.readouterr().out
+    assert "lint: 0 error(s), 2 warning(s)" in out          # engines are only planned
+    assert out.count("[engine-status]") == 2
+
+
+def test_discover_finds_every_part(built):
+    paths = discover(built)
+    assert paths.prefill_manifest.parent.name == "prefill-tp1"
+    assert paths.decode_manifest.parent.name == "decode-tp1"
+    assert paths.repo.name == "model_repository"
+    assert paths.launch_script.name == "launch_triton.sh"
+    assert paths.serve_dir.name == "trtllm-serve"
+    findings = lint_deployment(paths, check_ports_free=False)
+    assert {f.rule for f in findings} == {"engine-status"}
+
+
+def test_lint_from_two_manifests_reports_mismatch(make, tmp_path, capsys):
+    write_manifest(make.manifest("prefill", kv_dtype="fp8"), tmp_path / "p")
+    write_manifest(make.manifest("decode", kv_dtype="fp16"), tmp_path / "d")
+    code = main(["lint", "--prefill", str(tmp_path / "p"), "--decode", str(tmp_path / "d" / "manifest.json")])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "error: [kv-dtype]" in out and "fix: rebuild both engines" in out
+
+
+def test_broken_manifest_names_the_field(tmp_path, make, capsys):
+    write_manifest(make.manifest("prefill"), tmp_path / "p")
+    data = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    data["build_config"]["tokens_per_block"] = "many"
+    (tmp_path / "p" / "manifest.json").write_text(json.dumps(data))
+    write_manifest(make.manifest("decode"), tmp_path / "d")
+    assert main(["lint", "--prefill", str(tmp_path / "p"), "--decode", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "build_config.tokens_per_block" in err and "manifest.json" in err
+
+
+def test_list_rules(capsys):
+    assert main(["lint", "--list-rules"]) == 0
+    out = capsys.readouterr().out
+    assert all(rule in out for rule in RULES)
+
+
+def test_nothing_to_lint_is_an_error(capsys):
+    assert main(["lint"]) == 2
+    assert "nothing to lint" in capsys.readouterr().err

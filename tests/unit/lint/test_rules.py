@@ -1,0 +1,174 @@
+"""Every lint rule fires on a broken input and stays quiet on a good one.
+
+CASES maps each rule in trtpd.lint.RULES to (fire, quiet): functions of a context that return
+findings. test_every_rule_has_cases keeps the table complete when a rule is added.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from trtpd.lint import (RULES, lint_engine_pair, lint_model_configs, lint_ports, lint_repository,
+                        lint_serve_configs)
+from trtpd.lint.repository import launch_world_size
+
+
+@dataclass
+class Ctx:
+    make: object
+    tmp: Path
+    deploy: Path
+
+    def pair(self, prefill: dict | None = None, decode: dict | None = None, **kw):
+        p = self.make.manifest("prefill", **(prefill or {}))
+        d = self.make.manifest("decode", **(decode or {}))
+        return lint_engine_pair(p, d, **kw)
+
+    def serve(self, prefill: dict | None = None, decode: dict | None = None, router: dict | None = None):
+        return lint_serve_configs(prefill or self.make.serve_options("prefill"),
+                                  decode or self.make.serve_options("decode"),
+                                  router or self.make.router(), max_prompt_tokens=2048)
+
+    def repo(self, edits: list[tuple[str, str, str]] = (), launch_edit: tuple[str, str] | None = None):
+        work = self.tmp / "deploy"
+        if not work.exists():
+            shutil.copytree(self.deploy, work)
+        for model, old, new in edits:
+            self.make.edit(work / "model_repository" / model / "config.pbtxt", old, new)
+        if launch_edit:
+            self.make.edit(work / "launch_triton.sh", *launch_edit)
+        return lint_repository(work / "model_repository", launch_script=work / "launch_triton.sh")
+
+
+def _occupied_port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
+
+
+def _ports_fire(c: Ctx):
+    sock = _occupied_port()
+    try:
+        busy = sock.getsockname()[1]
+        return lint_ports({"http": 18000, "grpc": 18000, "metrics": busy}, check_free=True)
+    finally:
+        sock.close()
+
+
+def _no_reuse_key(c: Ctx):
+    opts = c.make.serve_options("prefill")
+    del opts["kv_cache_config"]["enable_block_reuse"]
+    return c.serve(prefill=opts)
+
+
+CASES = {
+    "kv-dtype": (lambda c: c.pair(decode={"kv_dtype": "fp16"}), lambda c: c.pair()),
+    "tokens-per-block": (lambda c: c.pair(decode={"tokens_per_block": 64}), lambda c: c.pair()),
+    "num-layers": (lambda c: c.pair(decode={"shape": {"num_layers": 40}}), lambda c: c.pair()),
+    "num-kv-heads": (lambda c: c.pair(decode={"shape": {"num_kv_heads": 64}}), lambda c: c.pair()),
+    "head-size": (lambda c: c.pair(decode={"shape": {"head_size": 64}}), lambda c: c.pair()),
+    "kv-scales": (lambda c: c.pair(prefill={"scales": "aaaa"}, decode={"scales": "bbbb"}),
+                  lambda c: c.pair(prefill={"scales": "aaaa"}, decode={"scales": "aaaa"})),
+    "beam-width": (lambda c: c.pair(decode={"max_beam_width": 4}), lambda c: c.pair()),
+    "prefill-input-len": (lambda c: c.pair(max_prompt_tokens=3000, max_output_tokens=0,
+                                           decode={"max_input_len": 3000, "max_seq_len": 3000}),
+                          lambda c: c.pair(max_prompt_tokens=2048)),
+    "decode-input-len": (lambda c: c.pair(decode={"max_input_len": 1024, "max_seq_len": 1536}),
+                         lambda c: c.pair(decode={"max_input_len": 2048, "max_seq_len": 2560})),
+    "engine-status": (lambda c: c.pair(decode={"status": "failed"}), lambda c: c.pair()),
+    "transceiver-backend": (lambda c: c.serve(decode=c.make.serve_options("decode", backend=None)), lambda c: c.serve()),
+    "transfer-buffer": (lambda c: c.serve(decode=c.make.serve_options("decode", max_tokens_in_buffer=1024)),
+                        lambda c: c.serve()),
+    "transfer-timeout": (lambda c: c.serve(prefill=c.make.serve_options("prefill", kv_transfer_timeout_ms=None)),
+                         lambda c: c.serve()),
+    "context-kv-reuse": (_no_reuse_key, lambda c: c.serve()),
+    "router-instances": (lambda c: c.serve(router=c.make.router(context_servers={"num_instances": 2})),
+                         lambda c: c.serve()),
+    "mpi-world": (lambda c: c.repo(launch_edit=(" \\\n    : -n 1", " \\\n    : -n 2")), lambda c: c.repo()),
+    "participant-ids": (lambda c: c.repo([("decode", 'string_value: "3,4,5,6"', 'string_value: "2,3,4,5"')]),
+                        lambda c: c.repo()),
+    "placeholders": (lambda c: c.repo([("disagg_bls", '"decode"', '"${generation_model_name}"')]),
+                     lambda c: c.repo()),
+    "model-name-folder": (lambda c: c.repo([("decode", 'name: "decode"', 'name: "generation"')]),
+                          lambda c: c.repo()),
+    "model-config": (lambda c: c.repo([("prefill", "max_batch_size: 4", "max_batch_size: four")]),
+                     lambda c: c.repo()),
+    "ports": (_ports_fire, lambda c: lint_ports({"http": 18000, "grpc": 18001}, check_free=False)),
+}
+
+
+def test_every_rule_has_cases():
+    assert set(CASES) == set(RULES)
+
+
+@pytest.fixture
+def ctx(make, tmp_path, gpu_deploy) -> Ctx:
+    return Ctx(make, tmp_path, gpu_deploy)
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_fires(rule, ctx):
+    findings = CASES[rule][0](ctx)
+    fired = [f for f in findings if f.rule == rule]
+    assert fired, f"{rule} did not fire; got {[f.format() for f in findings]}"
+    for f in fired:
+        assert f.message and f.fix and f.subject
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_quiet(rule, ctx):
+    findings = CASES[rule][1](ctx)
+    assert not [f for f in findings if f.rule == rule], [f.format() for f in findings]
+
+
+def test_kv_reuse_on_context_model_of_repository_fires(ctx):
+    findings = ctx.repo([("prefill", 'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "false"',
+                          'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "true"')])
+    assert [f.rule for f in findings] == ["context-kv-reuse"]
+
+
+def test_kv_reuse_on_decode_model_is_allowed(ctx):
+    findings = ctx.repo([("decode", 'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "false"',
+                          'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "true"')])
+    assert findings == []
+
+
+def test_generated_deployment_is_clean(ctx):
+    assert ctx.repo() == []
+
+
+def test_participant_groups_must_match_engine_tp(make, tmp_path):
+    """Group size is checked against the engine manifest that gpt_model_path points to."""
+    from trtpd.build.manifest import write_manifest
+    engine = tmp_path / "prefill-tp4"
+    write_manifest(make.manifest("prefill", tp_size=4), engine)
+    text = (f'name: "prefill"\nbackend: "tensorrtllm"\nmax_batch_size: 4\n'
+            f'instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n'
+            f'parameters {{ key: "gpt_model_path" value: {{ string_value: "{engine}" }} }}\n'
+            f'parameters {{ key: "enable_kv_cache_reuse" value: {{ string_value: "false" }} }}\n'
+            f'parameters {{ key: "participant_ids" value: {{ string_value: "1,2" }} }}\n')
+    findings = lint_model_configs({"prefill": text})
+    assert [f.rule for f in findings] == ["participant-ids"]
+    assert "TP*PP = 4" in findings[0].message
+
+
+def test_rank_zero_and_gaps_are_reported(make):
+    def model(name, ids):
+        return (f'name: "{name}"\nbackend: "tensorrtllm"\nmax_batch_size: 4\n'
+                f'parameters {{ key: "enable_kv_cache_reuse" value: {{ string_value: "false" }} }}\n'
+                f'parameters {{ key: "participant_ids" value: {{ string_value: "{ids}" }} }}\n')
+    findings = lint_model_configs({"prefill": model("prefill", "0"), "decode": model("decode", "3")})
+    rules = sorted(f.rule for f in findings)
+    assert rules == ["mpi-world", "participant-ids"]
+
+
+def test_launch_world_size_counts_every_app_context():
+    script = "exec mpirun --allow-run-as-root \\\n    -n 1 a \\\n    : -n 2 b \\\n    : -n 1 c\n"
+    assert launch_world_size(script) == 4
+    assert launch_world_size("trtllm-serve disaggregated -c x") is None
