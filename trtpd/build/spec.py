@@ -182,6 +182,9 @@ def validate(r: BuildRequest) -> list[str]:
         raise ConfigError(f"--max-input-len {r.max_input_len} + --max-output-len {r.max_output_len} = {total} exceeds "
                           f"{m.name}'s max_position_embeddings {m.max_position_embeddings}; lower one of them")
     warnings = []
+    if not Path(r.model_source).is_dir():
+        warnings.append(f"{r.model_source} is not a local folder: quantize.py/convert_checkpoint.py will fetch it "
+                        f"from the Hugging Face Hub; pass --hf-model /path/to/checkpoint to build offline")
     for s in r.roles:
         flag = f"--{s.role}"
         if m.num_kv_heads % s.tp_size or m.num_heads % s.tp_size:

@@ -103,6 +103,7 @@ def _run_tensorrtllm(args, fp8, dtype) -> int:
         print(f"configs written to {deploy_dir}; planned manifests in {request.model_dir}/<role>-tp<N>/ "
               f"(engines not built: run without --configs-only where TensorRT-LLM 1.2.x and GPUs are)")
         return 0
+    print(prepared.text(), flush=True)
     manifests = run_build(prepared, report=lambda line: print(line, flush=True), force=args.force)
     for m in manifests:
         print(f"{m.role}: {request.model_dir / m.folder_name} ({m.status})")
