@@ -79,6 +79,7 @@ def run(args) -> int:
 
 
 def _run_tensorrtllm(args, fp8, dtype) -> int:
+    from trtpd.build.environment import detect, require_runnable
     from trtpd.build.launch import TritonPorts
     from trtpd.build.recipe import load_recipes
     from trtpd.build.run import prepare, run_build, write_configs
@@ -103,8 +104,10 @@ def _run_tensorrtllm(args, fp8, dtype) -> int:
         print(f"configs written to {deploy_dir}; planned manifests in {request.model_dir}/<role>-tp<N>/ "
               f"(engines not built: run without --configs-only where TensorRT-LLM 1.2.x and GPUs are)")
         return 0
+    env = detect()
+    require_runnable(env, max(s.gpus_per_instance for s in request.roles))
     print(prepared.text(), flush=True)
-    manifests = run_build(prepared, report=lambda line: print(line, flush=True), force=args.force)
+    manifests = run_build(prepared, report=lambda line: print(line, flush=True), environment=env, force=args.force)
     for m in manifests:
         print(f"{m.role}: {request.model_dir / m.folder_name} ({m.status})")
     return 0
