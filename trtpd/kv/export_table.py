@@ -153,6 +153,10 @@ class ExportTable:
             self.counters.num_pulls += 1
             self.counters.bytes_sent += num_bytes
 
+    def count_refused(self) -> None:
+        with self.cond:
+            self.counters.num_refused += 1
+
     def release(self, export: Export, why: str) -> None:
         with self.cond:
             if not export.is_acked and export.abort is None:

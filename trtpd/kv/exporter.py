@@ -23,11 +23,13 @@ from trtpd.kv.export_table import Abort, Export, ExportCounters, ExportTable
 from trtpd.kv.frame import ErrorCode, Kind
 from trtpd.kv.handle import HANDLE_VERSION, MAX_HANDLE_BYTES, ContextPhaseParams, check_key, decode, encode
 from trtpd.kv.pool import KvPool
+from trtpd.kv.shm_source import ShmPoolIdentity
 from trtpd.kv.spans import check_blocks, layer_stride_bytes, pool_bytes, request_spans
 from trtpd.errors import ConfigError
 
 PULL_REQUEST_TIMEOUT_S = 10.0    # a connection must send its PULL within this
 SOCKET_BUFFER_BYTES = 4 << 20
+CLOSE_GRACE_S = 1.0              # close() lets sessions send their ERROR this long before cutting them off
 
 
 class KvExporter:
@@ -50,7 +52,8 @@ class KvExporter:
         self._table = ExportTable(pool.layout.num_layers, on_release=wakeup)
         self._listener = socket.create_server((host, port))
         self._endpoint = KvEndpoint(transport, host, self._listener.getsockname()[1], pool.shm_name)
-        self._sessions: set[socket.socket] = set()
+        self._shm_identity = ShmPoolIdentity.of(pool.shm_name, pool.num_blocks) if transport == "shm" else None
+        self._sessions: dict[socket.socket, threading.Thread] = {}
         self._sessions_lock = threading.Lock()
         self._threads = [threading.Thread(target=self._accept_loop, name="kv-export-accept", daemon=True),
                          threading.Thread(target=self._table.reap_until_closed, name="kv-export-reaper", daemon=True)]
@@ -117,14 +120,21 @@ class KvExporter:
         except OSError:
             pass
         self._listener.close()
+        self._threads[0].join(timeout=5.0)     # the accept loop: no new sessions after this
         with self._sessions_lock:
-            for sock in self._sessions:
+            sessions = dict(self._sessions)
+        deadline_s = time.monotonic() + CLOSE_GRACE_S     # sessions waiting for layers send ERROR and end
+        for thread in sessions.values():
+            thread.join(timeout=max(deadline_s - time.monotonic(), 0.0))
+        for sock, thread in sessions.items():             # sessions still blocked in socket I/O
+            if thread.is_alive():
                 try:
                     sock.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-        for thread in self._threads:
-            thread.join(timeout=5.0)
+        for thread in [*self._threads, *sessions.values()]:
+            thread.join(timeout=5.0)   # after this no thread reads the pool: the caller may close it
+        self._pool_view = memoryview(b"")
 
     def _sign(self, export: Export, first_token: int | None) -> bytes:
         now_s = time.time()
@@ -143,9 +153,10 @@ class KvExporter:
                 return      # closed
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+            session = threading.Thread(target=self._serve, args=(sock,), name="kv-export-pull", daemon=True)
             with self._sessions_lock:
-                self._sessions.add(sock)
-            threading.Thread(target=self._serve, args=(sock,), name="kv-export-pull", daemon=True).start()
+                self._sessions[sock] = session
+            session.start()
 
     def _serve(self, sock: socket.socket) -> None:
         export, why = None, "pull connection broke"
@@ -156,9 +167,7 @@ class KvExporter:
                 raise KvProtocolError(f"expected a PULL frame, got {request.kind.name}")
             params = self._verify(blob)
             export = self._table.attach(params.request_id)
-            accept = b""
-            if self.transport == "shm":
-                accept = b"".join(x.to_bytes(4, "big") for x in [self.pool.num_blocks, *export.block_ids])
+            accept = self._shm_identity.pack_accept(export.block_ids) if self._shm_identity else b""
             frame.send_frame(sock, Kind.ACCEPT, accept)
             self._send_layers(sock, export)
             first_token = self._table.wait_first_token(export)
@@ -176,8 +185,7 @@ class KvExporter:
         except Abort as abort:
             why = abort.message
             if export is None:
-                with self._table.cond:
-                    self._table.counters.num_refused += 1
+                self._table.count_refused()
             try:
                 sock.settimeout(1.0)
                 frame.send_frame(sock, Kind.ERROR, abort.message.encode(), code=abort.code)
@@ -189,7 +197,7 @@ class KvExporter:
             if export is not None:
                 self._table.release(export, why)
             with self._sessions_lock:
-                self._sessions.discard(sock)
+                self._sessions.pop(sock, None)
             sock.close()
 
     def _verify(self, blob: bytes) -> ContextPhaseParams:

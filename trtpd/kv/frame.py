@@ -9,7 +9,8 @@ Every message is a 16-byte header (network byte order, struct "!4sBBHQ") and `pa
 
 One pull, one TCP connection:
     importer -> exporter  PULL      payload: the signed handle (as encode() made it)
-    exporter -> importer  ACCEPT    payload: tcp: none; shm: u32 pool num_blocks, then one u32 block id per block
+    exporter -> importer  ACCEPT    payload: tcp: none; shm: the segment's identity (36 bytes, shm_source.py),
+                                    then one u32 block id per block of the request
     exporter -> importer  LAYER l   for l = 0..L-1 in order, each as soon as prefill marks layer l ready.
                                     payload: tcp: the layer's valid K/V bytes in spans.py order, exactly
                                     num_tokens x 2 x kv_heads x head_size x dtype bytes; shm: none (the
@@ -20,7 +21,7 @@ One pull, one TCP connection:
 An ERROR (payload: a UTF-8 message) may replace any exporter message; the exporter then closes.
 
 So a tcp pull moves layout.bytes_for(num_tokens) + 16 x (num_layers + 3) + 8 bytes from exporter to importer,
-and 16 + len(handle) + 16 bytes back. A shm pull sends the same headers plus 4 x (1 + num_blocks) bytes of
+and 16 + len(handle) + 16 bytes back. A shm pull sends the same headers plus 36 + 4 x num_blocks bytes of
 ACCEPT payload on the socket, and the KV bytes through shared memory.
 """
 

@@ -22,7 +22,7 @@ from trtpd.kv.errors import (KvConnectError, KvExportNotFoundError, KvHandleExpi
 from trtpd.kv.frame import ErrorCode, Kind
 from trtpd.kv.handle import ContextPhaseParams, check_key, check_layout, decode, encode
 from trtpd.kv.pool import KvPool
-from trtpd.kv.shm_source import ShmPoolSources
+from trtpd.kv.shm_source import ShmPoolIdentity, ShmPoolSources
 from trtpd.kv.spans import check_blocks, copy_plan, layer_stride_bytes, pool_bytes, request_spans
 
 EXPIRY_GRACE_S = 5.0           # a pull without its own timeout gives up this long after the handle expires
@@ -72,6 +72,7 @@ class KvImporter:
         return pull.run(on_layer)
 
     def close(self) -> None:
+        """Unmaps the prefill pools; call after the last pull has returned."""
         self._sources.close()
 
 
@@ -151,12 +152,10 @@ class _Pull:
         return move
 
     def _shm_mover(self, accept: bytes) -> Callable[[int, int], None]:
-        words = [int.from_bytes(accept[i:i + 4], "big") for i in range(0, len(accept), 4)]
-        if len(accept) % 4 or not words:
-            raise KvProtocolError(f"{self.where}: malformed ACCEPT payload ({len(accept)} bytes)")
-        src_num_blocks, src_block_ids = words[0], words[1:]
+        identity, src_block_ids = ShmPoolIdentity.unpack_accept(accept)
+        src_num_blocks = identity.num_blocks
         check_blocks(self.layout, src_num_blocks, src_block_ids, self.params.num_tokens, f"{self.where} (prefill)")
-        source = self.importer._sources.get(self.endpoint.shm_name, self.layout, src_num_blocks, self.where)
+        source = self.importer._sources.get(self.endpoint.shm_name, identity, self.layout, self.where)
         plan = copy_plan(self.layout, src_block_ids, self.dst_block_ids, self.params.num_tokens)
         src_stride = layer_stride_bytes(self.layout, src_num_blocks)
         dst_stride = self.importer._layer_stride_bytes

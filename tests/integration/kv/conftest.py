@@ -65,6 +65,7 @@ class RemoteExporter:
     shm_name: str
     seed: int
     endpoint: str
+    is_closed: bool = False
 
     def call(self, cmd: str, **args) -> dict:
         return self.process.call(cmd, name=self.name, **args)
@@ -88,6 +89,11 @@ class RemoteExporter:
 
     def stats(self) -> dict:
         return self.call("stats")
+
+    def close(self) -> None:
+        if not self.is_closed:
+            self.call("close")
+            self.is_closed = True
 
     def expected_bytes(self) -> torch.Tensor:
         """The pool's bytes as [layers, blocks, 2, tokens_per_block, token bytes]."""
@@ -118,7 +124,7 @@ class Exporters:
 
     def close(self) -> None:
         for exporter in self.started:
-            exporter.call("close")
+            exporter.close()
             assert not (SHM_DIR / exporter.shm_name).exists(), f"{exporter.shm_name} left in /dev/shm"
 
 

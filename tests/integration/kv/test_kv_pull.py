@@ -90,7 +90,7 @@ def test_pull_is_bit_exact_and_moves_exactly_the_request_bytes(exporters, transp
     if transport == "tcp":
         assert result.wire_bytes == layout.bytes_for(num_tokens) + headers_bytes
     else:
-        assert result.wire_bytes == headers_bytes + 4 * (1 + len(src_ids))
+        assert result.wire_bytes == headers_bytes + 36 + 4 * len(src_ids)
     assert len(result.layer_done_s) == layout.num_layers
     assert_pulled(exporter, dst, [(src_ids, dst_ids, num_tokens)])
     assert exporter.wait_released("req-1")

@@ -155,3 +155,19 @@ def test_unreachable_exporter_names_the_request_and_endpoint(exporters):
     with pytest.raises(KvConnectError, match=rf"'req-c' from tcp://127.0.0.1:{closed_port}: cannot connect "
                                              r"\(Connection refused\).*prefill instance is up"):
         importer.pull(moved, [0])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_exporter_shutdown_during_a_pull_tells_the_puller(exporters, transport):
+    exporter = exporters.start(transport, LAYOUT)
+    importer = KvImporter(KvPool(LAYOUT, 8), exporters.key)
+    params = importer.verify(exporter.register("req-d", [0], 8), time.time())
+    got_layer, on_layer = first_layer_event()
+    thread, outcome = pull_in_thread(importer, params, [0], on_layer)
+    exporter.mark(["req-d"], 0)
+    assert got_layer.wait(10)
+    exporter.close()
+    thread.join(timeout=10)
+    error = outcome["error"]
+    assert isinstance(error, KvConnectError)
+    assert "'req-d'" in str(error) and "shutting down" in str(error) and "another prefill instance" in str(error)
