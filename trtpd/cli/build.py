@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--backend", choices=("tensorrtllm", "reference"), default="tensorrtllm")
     p.add_argument("--engines-dir", type=Path, default=Path("engines"))
     for flag in _INT_FLAGS:
-        p.add_argument(f"--{flag}", type=int, default=None)
+        p.add_argument(f"--{flag}", type=int, default=None, metavar="N",
+                       help="default: the recipe's value" + (" (tp: auto)" if flag.endswith("-tp") else ""))
     p.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=None,
                    help="FP8 weights and FP8 KV cache (default on for tensorrtllm, off for reference)")
     p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"), default=None,
