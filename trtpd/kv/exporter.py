@@ -73,6 +73,7 @@ class KvExporter:
         return self._sign(export, None)
 
     def mark_layers_ready(self, request_ids: list[str], layer: int) -> None:
+        """Layers 0..layer of these requests are written. Ids no longer exported (timed out, failed) are skipped."""
         self._table.mark_ready(request_ids, layer)
 
     def complete(self, request_id: str, first_token: int) -> bytes:
@@ -89,7 +90,18 @@ class KvExporter:
         self._table.fail(request_id, reason)
 
     def drain_released(self) -> list[str]:
+        """Ids whose blocks the engine may free. An id can come back (timeout, fail) while its prefill batch
+        still runs: free its blocks once the batch is done too."""
         return self._table.drain_released()
+
+    @property
+    def wakeup(self) -> Callable[[], None] | None:
+        """Called (from any thread, no lock held) whenever drain_released() has something new."""
+        return self._table.on_release
+
+    @wakeup.setter
+    def wakeup(self, callback: Callable[[], None] | None) -> None:
+        self._table.on_release = callback
 
     @property
     def num_pending(self) -> int:

@@ -35,8 +35,8 @@ class Child:
         pool_bytes(pool)[:] = torch.randint(0, 256, (pool.nbytes,), generator=generator, dtype=torch.uint8).numpy()
         self.wakeups[name] = threading.Event()
         self.released[name] = set()
-        exporter = KvExporter(pool, bytes.fromhex(key_hex), transport=transport, transfer_timeout_s=timeout_s,
-                              wakeup=self.wakeups[name].set)
+        exporter = KvExporter(pool, bytes.fromhex(key_hex), transport=transport, transfer_timeout_s=timeout_s)
+        exporter.wakeup = self.wakeups[name].set       # as the engine loop attaches it, after construction
         self.exporters[name] = exporter
         return {"endpoint": exporter.endpoint}
 
