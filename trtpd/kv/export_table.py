@@ -37,6 +37,7 @@ class Export:
     num_tokens: int
     timeout_s: float
     deadline_s: float                 # time.monotonic()
+    registered_at_s: float = 0.0      # time.time(); handles issued before it belong to an earlier export of the id
     num_layers_ready: int = 0
     first_token: int | None = None
     is_attached: bool = False
@@ -68,12 +69,14 @@ class ExportTable:
 
     # engine side
 
-    def add(self, request_id: str, block_ids: list[int], num_tokens: int, timeout_s: float) -> Export:
+    def add(self, request_id: str, block_ids: list[int], num_tokens: int, timeout_s: float,
+            registered_at_s: float = 0.0) -> Export:
         with self.cond:
             if request_id in self.exports:
                 raise ValueError(f"request {request_id!r} is already exported and not yet released; request ids "
                                  f"must be unique per export")
-            export = Export(request_id, list(block_ids), num_tokens, timeout_s, self.clock() + timeout_s)
+            export = Export(request_id, list(block_ids), num_tokens, timeout_s, self.clock() + timeout_s,
+                            registered_at_s)
             self.exports[request_id] = export
             self.cond.notify_all()    # the reaper may need to wake earlier
             return export
@@ -117,11 +120,14 @@ class ExportTable:
 
     # pull-session side
 
-    def attach(self, request_id: str) -> Export:
+    def attach(self, request_id: str, issued_at_s: float) -> Export:
         with self.cond:
             export = self.exports.get(request_id)
             if export is None:
                 raise Abort(ErrorCode.NOT_FOUND, self.why_gone(request_id))
+            if issued_at_s < export.registered_at_s:
+                raise Abort(ErrorCode.NOT_FOUND, "the handle belongs to an earlier export of this request id, "
+                                                 "which is gone; request ids must not be reused")
             if export.is_attached:
                 raise Abort(ErrorCode.BUSY, "another pull of this request is in progress")
             export.is_attached = True

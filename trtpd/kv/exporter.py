@@ -69,7 +69,7 @@ class KvExporter:
     def register(self, request_id: str, block_ids: list[int], num_tokens: int) -> bytes:
         """Starts an export before any layer is computed; returns a signed handle without a first token."""
         check_blocks(self.pool.layout, self.pool.num_blocks, block_ids, num_tokens, f"request {request_id!r}")
-        export = self._table.add(request_id, block_ids, num_tokens, self.transfer_timeout_s)
+        export = self._table.add(request_id, block_ids, num_tokens, self.transfer_timeout_s, time.time())
         return self._sign(export, None)
 
     def mark_layers_ready(self, request_ids: list[str], layer: int) -> None:
@@ -178,7 +178,7 @@ class KvExporter:
             if request.kind != Kind.PULL:
                 raise KvProtocolError(f"expected a PULL frame, got {request.kind.name}")
             params = self._verify(blob)
-            export = self._table.attach(params.request_id)
+            export = self._table.attach(params.request_id, params.issued_at_s)
             accept = self._shm_identity.pack_accept(export.block_ids) if self._shm_identity else b""
             frame.send_frame(sock, Kind.ACCEPT, accept)
             self._send_layers(sock, export)

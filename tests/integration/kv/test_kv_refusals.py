@@ -171,3 +171,16 @@ def test_exporter_shutdown_during_a_pull_tells_the_puller(exporters, transport):
     error = outcome["error"]
     assert isinstance(error, KvConnectError)
     assert "'req-d'" in str(error) and "shutting down" in str(error) and "another prefill instance" in str(error)
+
+
+def test_handle_of_an_earlier_export_cannot_pull_a_reused_request_id(exporters):
+    exporter = exporters.start("tcp", LAYOUT)
+    importer = KvImporter(KvPool(LAYOUT, 8), exporters.key)
+    old = importer.verify(exporter.register("req-r", [0], 8), time.time())
+    exporter.fail("req-r", "cancelled")
+    assert exporter.wait_released("req-r")
+    exporter.register("req-r", [1], 8)                   # the engine reused the id
+    exporter.complete("req-r", 4)
+    with pytest.raises(KvExportNotFoundError, match="earlier export of this request id"):
+        importer.pull(old, [0])
+    assert exporter.stats()["num_pending"] == 1

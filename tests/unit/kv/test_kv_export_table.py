@@ -14,14 +14,14 @@ def test_fail_without_a_pull_releases_at_once_and_calls_back():
     assert table.drain_released() == ["a"] and calls == [1]
     assert table.drain_released() == []
     with pytest.raises(Abort, match=r"already released \(prefill failed: cancelled\)") as info:
-        table.attach("a")
+        table.attach("a", 0.0)
     assert info.value.code == ErrorCode.NOT_FOUND
 
 
 def test_fail_with_a_pull_attached_aborts_it_and_leaves_the_release_to_the_session():
     table = ExportTable(num_layers=4)
     export = table.add("a", [0], 10, timeout_s=30.0)
-    table.attach("a")
+    table.attach("a", 0.0)
     table.mark_ready(["a"], 0)
     assert table.wait_layers(export, 0) == 1
     table.fail("a", "oom")
@@ -35,11 +35,11 @@ def test_fail_with_a_pull_attached_aborts_it_and_leaves_the_release_to_the_sessi
 def test_second_pull_is_busy_and_unknown_request_is_not_found():
     table = ExportTable(num_layers=2)
     table.add("a", [0], 10, timeout_s=30.0)
-    table.attach("a")
+    table.attach("a", 0.0)
     with pytest.raises(Abort) as busy:
-        table.attach("a")
+        table.attach("a", 0.0)
     with pytest.raises(Abort, match="never exported here") as unknown:
-        table.attach("b")
+        table.attach("b", 0.0)
     assert (busy.value.code, unknown.value.code) == (ErrorCode.BUSY, ErrorCode.NOT_FOUND)
 
 
@@ -61,7 +61,7 @@ def test_reaper_times_out_an_unpulled_export_and_an_acked_one_never():
     reaper = threading.Thread(target=table.reap_until_closed, daemon=True)
     reaper.start()
     acked = table.add("acked", [0], 1, timeout_s=0.05)
-    table.attach("acked")
+    table.attach("acked", 0.0)
     table.ack(acked, 2)
     table.add("late", [1], 1, timeout_s=0.05)
     assert released.wait(timeout=5.0)
@@ -77,3 +77,11 @@ def test_duplicate_request_id_is_refused():
     table.add("a", [0], 1, timeout_s=1.0)
     with pytest.raises(ValueError, match="unique"):
         table.add("a", [1], 1, timeout_s=1.0)
+
+
+def test_a_handle_of_an_earlier_export_with_the_same_id_is_refused():
+    table = ExportTable(num_layers=1)
+    table.add("a", [0], 1, timeout_s=1.0, registered_at_s=100.0)
+    with pytest.raises(Abort, match="earlier export of this request id"):
+        table.attach("a", issued_at_s=99.0)
+    assert table.attach("a", issued_at_s=100.0).request_id == "a"
