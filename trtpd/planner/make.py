@@ -27,22 +27,38 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
     choice, verdict = result.choice, None
     if choice is not None:
         choice = _prefer_nvlink(planner, choice)
-        if options.enabled and result.rate_per_s is not None:
-            requests = generate_requests(problem.workload, result.rate_per_s, options.num_requests, options.seed)
-            space = problem.space
-            verdict = verify(choice.config.prefill, choice.config.decode, choice.num_prefill, choice.num_decode,
-                             choice.config.link, requests, problem.slo, space.tokens_per_block,
-                             space.first_token_at, space.max_gpus, options.try_fewer)
-            if (verdict.num_prefill, verdict.num_decode) != (choice.num_prefill, choice.num_decode):
-                result.notes.append(
-                    f"the simulator moved the analytic {choice.num_prefill}P{choice.num_decode}D to "
-                    f"{verdict.num_prefill}P{verdict.num_decode}D")
-            choice = _calibrated(planner, choice, verdict, result.rate_per_s)
-            if not verdict.passed:
-                result.feasible = False
-                result.binding_constraint = result.binding_constraint or "simulation"
-                result.notes.append("the simulator could not confirm the SLOs within the adjustments tried")
+        rate = result.rate_per_s
+        if options.enabled and rate is not None:
+            choice, verdict = _verified(problem, result, choice, rate, options)
     return _to_plan(problem, result, choice, verdict)
+
+
+def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: float,
+              options: VerifyOptions) -> tuple[Choice, Verdict]:
+    """Runs the simulator at the target rate; it has the last word on feasibility and counts."""
+    planner = result.planner
+    assert planner is not None
+    space = problem.space
+    requests = generate_requests(problem.workload, rate, options.num_requests, options.seed)
+    verdict = verify(choice.config.prefill, choice.config.decode, choice.num_prefill, choice.num_decode,
+                     choice.config.link, requests, problem.slo, space.tokens_per_block, space.first_token_at,
+                     space.max_gpus, options.try_fewer)
+    if (verdict.num_prefill, verdict.num_decode) != (choice.num_prefill, choice.num_decode):
+        result.notes.append(f"the simulator moved the analytic {choice.num_prefill}P{choice.num_decode}D to "
+                            f"{verdict.num_prefill}P{verdict.num_decode}D")
+    choice = _calibrated(planner, choice, verdict, rate)
+    within_budget = space.max_gpus is None or choice.num_gpus <= space.max_gpus
+    if verdict.passed and within_budget and not result.feasible and result.binding_constraint == "gpu_budget":
+        result.notes.append(f"the analytic model asked for {result.nearest_feasible.get('num_gpus', 0):.0f} GPUs; "
+                            f"the simulator confirms {choice.num_gpus} within the budget")
+        result.feasible, result.binding_constraint, result.nearest_feasible = True, None, {}
+    elif not verdict.passed:
+        if result.feasible:
+            result.feasible = False
+            result.binding_constraint = "simulation"
+            result.notes.append("the simulator could not confirm the SLOs within the adjustments tried")
+        result.nearest_feasible["rate_per_s"] = choice.max_rate_per_s
+    return choice, verdict
 
 
 def _calibrated(planner: Planner, choice: Choice, verdict: Verdict, rate: float) -> Choice:

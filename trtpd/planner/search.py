@@ -248,7 +248,8 @@ def plan_search(problem: PlanProblem) -> SearchResult:
         result.nearest_feasible = {"num_gpus": float(choice.num_gpus)}
         if best is not None:
             result.nearest_feasible["rate_per_s"] = best.max_rate_per_s
-        result.notes.append(f"{rate:.3g} requests/s needs {choice.num_gpus} GPUs; the budget is {space.max_gpus}")
+        result.notes.append(f"the analytic estimate for {rate:.3g} requests/s needs {choice.num_gpus} GPUs; "
+                            f"the budget is {space.max_gpus}")
         result.choice = best
         return result
     result.choice, result.feasible = choice, True

@@ -68,6 +68,10 @@ class Seed004Plan:
     num_decode: int
     max_tokens_per_min: float      # what num_prefill P + num_decode D sustain
     binding_role: str              # which role limits max_tokens_per_min
+    seed_num_prefill: int          # the seed's own rounding (to nearest) ...
+    seed_num_decode: int
+    seed_max_tokens_per_min: float # ... and the highest rate that pair sustains
+    seed_binding_role: str
 
 
 def instance_counts(total_tokens_per_s: float, input_tokens: float, output_tokens: float,
@@ -79,7 +83,10 @@ def instance_counts(total_tokens_per_s: float, input_tokens: float, output_token
     n_d = total_tokens_per_s * share_out / tp_decode
     num_p, num_d = max(1, math.ceil(n_p - 1e-9)), max(1, math.ceil(n_d - 1e-9))
     max_tps, binding = max_total_tokens_per_s(num_p, num_d, input_tokens, output_tokens, tp_prefill, tp_decode)
-    return Seed004Plan(total_tokens_per_s, n_p, n_d, num_p, num_d, max_tps * 60.0, binding)
+    seed_p, seed_d = max(1, round(n_p)), max(1, round(n_d))
+    seed_tps, seed_binding = max_total_tokens_per_s(seed_p, seed_d, input_tokens, output_tokens, tp_prefill, tp_decode)
+    return Seed004Plan(total_tokens_per_s, n_p, n_d, num_p, num_d, max_tps * 60.0, binding,
+                       seed_p, seed_d, seed_tps * 60.0, seed_binding)
 
 
 def max_total_tokens_per_s(num_prefill: int, num_decode: int, input_tokens: float, output_tokens: float,

@@ -134,9 +134,15 @@ class TraceLengths(_Lengths):
     path: Path
     column: str
 
+    def values(self) -> np.ndarray:
+        return np.asarray(read_trace_column(self.path, self.column), dtype=np.int64)
+
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        values = np.asarray(read_trace_column(self.path, self.column), dtype=np.int64)
+        values = self.values()
         return values[rng.integers(0, len(values), size=n)]
+
+    def stats(self) -> LengthStats:
+        return stats_of(self.values())
 
 
 LengthDistribution = Annotated[Union[FixedLengths, UniformLengths, PowerLawLengths, TraceLengths],

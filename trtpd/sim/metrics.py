@@ -91,14 +91,19 @@ def latencies(run: SimRun, warmup_fraction: float = 0.1) -> Latencies:
 
 def summarize(run: SimRun, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
               warmup_fraction: float = 0.1) -> SimSummary:
+    """Throughput counts completed requests over first arrival to last completion; goodput counts
+    the requests that met the SLO over the arrival span (the offered rate x attainment)."""
     r = run.records
     lat = latencies(run, warmup_fraction)
     start = int(len(r.arrival_s) * warmup_fraction)
     arrival = np.asarray(r.arrival_s[start:])
-    span = float(arrival[-1] - arrival[0]) if len(arrival) > 1 else run.span_s
+    done_s = np.asarray(r.done_s[start:])
     n = len(arrival)
+    span = float(arrival[-1] - arrival[0]) if n > 1 else run.span_s
     num_done = int(lat.done.sum())
-    tokens = float(np.sum(np.asarray(r.input_tokens[start:]) + np.asarray(r.output_tokens[start:])))
+    busy_span = float(np.nanmax(done_s) - arrival[0]) if num_done else 0.0
+    tokens = np.asarray(r.input_tokens[start:]) + np.asarray(r.output_tokens[start:])
+    done_tokens = float(tokens[lat.done].sum())
     attainment = goodput = None
     if ttft_slo_s is not None and tpot_slo_s is not None:
         attainment = lat.attainment(ttft_slo_s, tpot_slo_s)
@@ -107,8 +112,8 @@ def summarize(run: SimRun, ttft_slo_s: float | None = None, tpot_slo_s: float | 
         num_requests=n, num_unfinished=n - num_done,
         ttft_s=_percentiles(lat.ttft_s), tpot_s=_percentiles(lat.tpot_s),
         slo_attainment=attainment, goodput_per_s=goodput,
-        throughput_requests_per_s=n / span if span > 0 else 0.0,
-        throughput_tokens_per_s=tokens / span if span > 0 else 0.0,
+        throughput_requests_per_s=num_done / busy_span if busy_span > 0 else 0.0,
+        throughput_tokens_per_s=done_tokens / busy_span if busy_span > 0 else 0.0,
         ttft_breakdown=_breakdown(run, start))
 
 
@@ -117,6 +122,8 @@ def _breakdown(run: SimRun, start: int) -> TtftBreakdown | None:
     arrival = np.asarray(r.arrival_s[start:])
     p_start, p_end = np.asarray(r.prefill_start_s[start:]), np.asarray(r.prefill_end_s[start:])
     t_start, t_end = np.asarray(r.transfer_start_s[start:]), np.asarray(r.transfer_end_s[start:])
+    if np.all(np.isnan(p_start)):
+        return None
     if np.all(np.isnan(t_start)):
         return TtftBreakdown(float(np.nanmean(p_start - arrival)), float(np.nanmean(p_end - p_start)), 0.0, 0.0)
     return TtftBreakdown(float(np.nanmean(p_start - arrival)), float(np.nanmean(p_end - p_start)),

@@ -29,6 +29,7 @@ class SimRun:
     link_busy_share: list[float]
     span_s: float
     num_events: int
+    num_rejected: int = 0      # prompts longer than the entry role accepts (the gateway refuses them)
 
 
 def _blocks(kv_capacity_tokens: int, tokens_per_block: int) -> int:
@@ -66,10 +67,22 @@ class Simulator:
         self._round_robin = itertools.cycle(range(len(self._entry)))
         self._decode_round_robin = itertools.cycle(range(len(self.decodes) or 1))
         self._least_loaded = cluster.routing == "least_loaded"
+        entry_role = c.prefill.scheduler if c.mode == "disaggregated" else c.decode.scheduler
+        self._max_prompt_tokens = entry_role.max_num_tokens
+        self._max_seq_tokens = _blocks(c.decode.kv_capacity_tokens, tpb) * tpb
+        self.num_rejected = 0
         self._first_token_at_prefill = cluster.first_token_at == "prefill"
 
     # -- routing -----------------------------------------------------------------------------------
     def _on_arrival(self, now_s: float, index: int) -> None:
+        nxt = index + 1
+        if nxt < len(self.requests):
+            self.loop.push(self.requests.arrival_s[nxt], self._on_arrival, nxt)
+        r = self.records
+        if r.input_tokens[index] > self._max_prompt_tokens or \
+                r.input_tokens[index] + r.output_tokens[index] > self._max_seq_tokens:
+            self.num_rejected += 1      # never served: counts as unfinished and as an SLO miss
+            return
         entry = self._entry
         if len(entry) == 1:
             target = entry[0]
@@ -78,9 +91,6 @@ class Simulator:
         else:
             target = entry[next(self._round_robin)]
         target.add(now_s, index)
-        nxt = index + 1
-        if nxt < len(self.requests):
-            self.loop.push(self.requests.arrival_s[nxt], self._on_arrival, nxt)
 
     def _on_prefilled(self, now_s: float, index: int) -> None:
         if self._first_token_at_prefill:
@@ -108,7 +118,7 @@ class Simulator:
             usage += [InstanceUsage(role, d.index, d.busy_s / span, d.sum_batch_steps / max(d.num_steps, 1))
                       for d in group]
         links = [d.link.busy_s / span for d in self.decodes]
-        return SimRun(self.records, usage, links, span, self.loop.num_events)
+        return SimRun(self.records, usage, links, span, self.loop.num_events, self.num_rejected)
 
 
 def _queued_tokens(instance) -> int:

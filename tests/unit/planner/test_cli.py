@@ -1,0 +1,40 @@
+from trtpd.cli.main import main
+from trtpd.planner.plan import load_plan
+
+
+def test_seed004_cli_reproduces_the_worked_example(capsys):
+    assert main(["plan", "--method", "seed004", "--tokens-per-min", "5e6", "--tp-prefill-tokens-per-s", "25000"]) == 0
+    out = capsys.readouterr().out
+    assert "= 25066.3 tokens/s" in out
+    assert "N_prefill = 3.08 -> 4" in out and "4P4D" in out
+    assert "3P4D, which sustains only 4.875M tokens/min" in out
+    assert main(["plan", "--method", "seed004", "--tokens-per-min", "4.8e6", "--tp-prefill-tokens-per-s", "25000"]) == 0
+    assert ": 3P4D" in capsys.readouterr().out
+
+
+def test_plan_cli_writes_a_plan_and_simulate_reads_it(tmp_path, capsys):
+    out = tmp_path / "plan.yaml"
+    rc = main(["plan", "--workload", "chat-powerlaw", "--slo", "chat", "--rate-per-s", "20",
+               "--verify-requests", "1000", "-o", str(out)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "simulated (900 requests)" in text and "pass" in text
+    plan = load_plan(out)
+    assert plan.feasible
+    assert main(["simulate", "--plan", str(out), "--num-requests", "800", "--mode", "both"]) == 0
+    text = capsys.readouterr().out
+    assert "disaggregated" in text and "colocated" in text and "attainment" in text
+
+
+def test_infeasible_plan_exits_3_and_names_the_constraint(capsys):
+    rc = main(["plan", "--rate-per-s", "5", "--tpot-s", "0.001", "--no-verify"])
+    assert rc == 3
+    assert "binding constraint tpot" in capsys.readouterr().out
+
+
+def test_bad_input_is_a_clear_error_without_traceback(capsys):
+    assert main(["plan", "--rate-per-s", "5", "--hardware", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown hardware 'nope'" in err and "Traceback" not in err
+    assert main(["simulate", "--workload", "chat-powerlaw"]) == 2
+    assert "--rate-per-s" in capsys.readouterr().err

@@ -1,0 +1,66 @@
+import pytest
+
+from trtpd.errors import ConfigError
+from trtpd.planner.inputs import Slo, Target, load_slo
+from trtpd.planner.make import VerifyOptions, make_plan
+from trtpd.planner.plan import Plan, load_plan
+
+QUICK = VerifyOptions(num_requests=1500)
+
+
+def test_plan_is_verified_in_the_simulator(chat_problem):
+    plan = make_plan(chat_problem(40.0), QUICK)
+    assert plan.feasible and plan.verification is not None
+    v = plan.verification
+    assert v.passed and v.slo_attainment >= 0.9 and v.rate_per_s == 40.0
+    assert v.simulations and v.simulations[0][:2] != [0, 0]
+    # the reported counts are the ones the simulator passed
+    passed = [s for s in v.simulations if s[2] >= 0.9]
+    assert [plan.prefill.num_instances, plan.decode.num_instances] in [s[:2] for s in passed]
+    # calibrated expectations agree with the simulation at the target
+    assert plan.expected.ttft_p_s <= 0.5 and plan.max_rate_per_s >= 40.0 * 0.98
+    assert plan.num_gpus == plan.prefill.num_instances * plan.prefill.tp + plan.decode.num_instances * plan.decode.tp
+    assert plan.goodput_per_gpu_per_s == pytest.approx(plan.max_rate_per_s / plan.num_gpus)
+
+
+def test_plan_yaml_round_trip_and_fields_build_needs(chat_problem, tmp_path):
+    plan = make_plan(chat_problem(20.0), VerifyOptions(enabled=False))
+    path = tmp_path / "plan.yaml"
+    plan.save(path)
+    loaded = load_plan(path)
+    assert loaded == plan
+    assert loaded.api_version == "trtpd/v1" and loaded.kind == "Plan"
+    assert loaded.kv_dtype == "fp8" and loaded.tokens_per_block == 32
+    p, d = loaded.prefill, loaded.decode
+    assert p.max_num_tokens >= p.max_input_len and d.max_seq_len >= d.max_input_len
+    assert d.max_num_tokens == d.max_batch_size
+    assert loaded.kv_transfer.kv_bytes_per_token == 163_840
+    assert loaded.seed004 and loaded.seed004["num_prefill"] >= 1
+
+
+def test_plan_file_errors_name_the_field(tmp_path):
+    bad = tmp_path / "plan.yaml"
+    bad.write_text("api_version: trtpd/v1\nkind: Plan\nmodel: x\n")
+    with pytest.raises(ConfigError, match="hardware"):
+        load_plan(bad)
+
+
+def test_infeasible_plan_says_why(chat_problem):
+    plan = make_plan(chat_problem(10.0, Slo(ttft_s=1.0, tpot_s=0.001)), QUICK)
+    assert not plan.feasible and plan.binding_constraint == "tpot"
+    assert plan.prefill is None and "tpot_s" in plan.nearest_feasible
+
+
+def test_slo_and_target_validation(tmp_path):
+    with pytest.raises(ValueError):
+        Target()
+    with pytest.raises(ValueError):
+        Target(rate_per_s=1, tokens_per_min=1)
+    with pytest.raises(ValueError):
+        Slo(ttft_s=1, tpot_s=0.1, attainment=1.5)
+    bad = tmp_path / "slo.yaml"
+    bad.write_text("ttft_s: fast\ntpot_s: 0.05\n")
+    with pytest.raises(ConfigError) as err:
+        load_slo(str(bad))
+    assert str(bad) in str(err.value) and "ttft_s" in str(err.value)
+    assert load_slo("seed004") == Slo(ttft_s=2.0, tpot_s=0.02, attainment=0.9)

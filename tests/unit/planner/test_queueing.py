@@ -1,0 +1,43 @@
+import math
+
+import pytest
+
+from trtpd.planner import queueing as q
+
+
+def test_mm1():
+    # lambda 8, mu 10: rho 0.8, wait 0.8 / (10 - 8) = 0.4 s, sojourn 0.5 s
+    assert q.mm1_mean_wait_s(8, 0.1) == pytest.approx(0.4)
+    assert q.mm1_mean_sojourn_s(8, 0.1) == pytest.approx(0.5)
+    assert q.mm1_sojourn_quantile_s(8, 0.1, 0.9) == pytest.approx(math.log(10) / 2)
+    assert q.mm1_mean_wait_s(10, 0.1) == math.inf
+
+
+def test_md1_is_half_of_mm1():
+    assert q.md1_mean_wait_s(8, 0.1) == pytest.approx(q.mm1_mean_wait_s(8, 0.1) / 2)
+    assert q.md1_mean_wait_s(5, 0.1) == pytest.approx(0.5 * 0.1 / (2 * 0.5))
+
+
+def test_pollaczek_khinchine_reduces_to_mm1_and_md1():
+    s = 0.1
+    assert q.mg1_mean_wait_s(8, s, 2 * s * s) == pytest.approx(q.mm1_mean_wait_s(8, s))   # exponential: E[S^2] = 2 S^2
+    assert q.mg1_mean_wait_s(8, s, s * s) == pytest.approx(q.md1_mean_wait_s(8, s))
+
+
+def test_kingman_reduces_to_mm1_and_md1():
+    assert q.kingman_mean_wait_s(8, 0.1, 1.0, 1.0) == pytest.approx(q.mm1_mean_wait_s(8, 0.1))
+    assert q.kingman_mean_wait_s(8, 0.1, 1.0, 0.0) == pytest.approx(q.md1_mean_wait_s(8, 0.1))
+    assert q.kingman_mean_wait_s(8, 0.1, 4.0, 0.0) > q.kingman_mean_wait_s(8, 0.1, 1.0, 0.0)   # burstier
+
+
+def test_wait_quantile_is_exact_for_mm1():
+    lam, s, p = 8.0, 0.1, 0.95
+    t = q.wait_quantile_s(q.mm1_mean_wait_s(lam, s), lam * s, p)
+    # M/M/1: P(W > t) = rho exp(-(mu - lambda) t)
+    assert 0.8 * math.exp(-(10 - 8) * t) == pytest.approx(1 - p)
+    assert q.wait_quantile_s(0.1, 0.05, 0.9) == 0.0      # 95% of requests never wait
+
+
+def test_poisson_quantile():
+    assert q.poisson_quantile(100, 0.5) == pytest.approx(100)
+    assert q.poisson_quantile(100, 0.9) == pytest.approx(100 + 1.2816 * 10, rel=1e-4)

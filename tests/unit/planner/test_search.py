@@ -1,0 +1,70 @@
+import pytest
+
+from trtpd.planner.inputs import Slo, Target
+from trtpd.planner.search import PlanProblem, plan_search
+
+
+def test_chat_plan_is_feasible_and_consistent(chat_problem):
+    result = plan_search(chat_problem(40.0))
+    assert result.feasible and result.binding_constraint is None
+    c = result.choice
+    est = c.estimate
+    assert est.binding is None and est.ttft_p_s <= 0.5 and est.tpot_p_s <= 0.05
+    assert c.num_gpus == c.num_prefill * c.config.prefill.tp + c.num_decode * c.config.decode.tp
+    assert c.max_rate_per_s >= 40.0
+    assert c.config.prefill.scheduler.max_num_tokens >= result.max_input_len == 4096
+
+
+def test_more_traffic_needs_more_gpus(chat_problem):
+    small = plan_search(chat_problem(10.0)).choice
+    large = plan_search(chat_problem(200.0)).choice
+    assert large.num_gpus > small.num_gpus
+
+
+def test_unreachable_tpot_names_the_constraint_and_nearest_value(chat_problem):
+    result = plan_search(chat_problem(10.0, Slo(ttft_s=1.0, tpot_s=0.002)))
+    assert not result.feasible and result.binding_constraint == "tpot"
+    nearest = result.nearest_feasible["tpot_s"]
+    assert 0.002 < nearest < 0.05
+    # and that value is indeed feasible
+    assert plan_search(chat_problem(10.0, Slo(ttft_s=1.0, tpot_s=nearest * 1.05))).feasible
+
+
+def test_unreachable_ttft_names_the_constraint_and_nearest_value(chat_problem):
+    result = plan_search(chat_problem(10.0, Slo(ttft_s=0.01, tpot_s=0.05)))
+    assert not result.feasible and result.binding_constraint == "ttft"
+    nearest = result.nearest_feasible["ttft_s"]
+    assert 0.01 < nearest < 0.5
+    assert plan_search(chat_problem(1.0, Slo(ttft_s=nearest * 1.5, tpot_s=0.05))).feasible
+
+
+def test_gpu_budget_binds_and_gives_the_best_rate_within_it(chat_problem):
+    result = plan_search(chat_problem(200.0, max_gpus=8))
+    assert not result.feasible and result.binding_constraint == "gpu_budget"
+    assert result.nearest_feasible["num_gpus"] > 8
+    assert 0 < result.nearest_feasible["rate_per_s"] < 200
+    assert result.choice.num_gpus <= 8
+
+
+def test_budget_only_maximizes_rate(chat_problem):
+    result = plan_search(chat_problem(None, max_gpus=8))
+    assert result.feasible and result.choice.num_gpus <= 8
+    assert result.rate_per_s == result.choice.max_rate_per_s
+    smaller = plan_search(chat_problem(None, max_gpus=4)).choice
+    assert smaller.max_rate_per_s < result.choice.max_rate_per_s
+
+
+def test_model_that_fits_nowhere_binds_on_memory(llama70, chat):
+    from trtpd.perf.hardware import load_hardware
+    from trtpd.planner.inputs import SearchSpace
+    problem = PlanProblem(llama70, load_hardware("a100-80g"), chat, Slo(ttft_s=1, tpot_s=0.05), Target(rate_per_s=1),
+                          SearchSpace(tp_prefill=[1], tp_decode=[1], weight_dtype="fp16", kv_dtype="fp16"))
+    result = plan_search(problem)
+    assert not result.feasible and result.binding_constraint == "memory"
+    assert result.rejected and all(r.tp == 1 for r in result.rejected)
+
+
+def test_tokens_per_min_target_matches_rate(chat_problem, chat):
+    stats_mean = chat.input_stats().mean + chat.output_stats().mean
+    target = Target(tokens_per_min=40 * stats_mean * 60)
+    assert target.requests_per_s(stats_mean) == pytest.approx(40)

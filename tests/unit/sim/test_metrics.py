@@ -1,0 +1,44 @@
+import math
+
+import numpy as np
+import pytest
+
+from trtpd.sim.goodput import max_goodput_rate_per_s
+from trtpd.sim.metrics import summarize
+from trtpd.sim.records import RequestRecords
+from trtpd.sim.simulator import SimRun
+from trtpd.sim.workload import RequestArrays
+
+
+def _run(first_token, done, outputs):
+    n = len(first_token)
+    records = RequestRecords(RequestArrays([float(i) for i in range(n)], [10] * n, outputs))
+    records.first_token_s = [i + t for i, t in enumerate(first_token)]
+    records.done_s = [i + d if d is not None else math.nan for i, d in enumerate(done)]
+    return SimRun(records, [], [], float(n), 0)
+
+
+def test_ttft_tpot_attainment_and_goodput():
+    # TTFT 0.1..1.0 s; TPOT = (done - first) / (outputs - 1)
+    ttft = [0.1 * (i + 1) for i in range(10)]
+    outputs = [11] * 9 + [1]
+    done = [t + 10 * 0.02 for t in ttft[:5]] + [t + 10 * 0.2 for t in ttft[5:9]] + [ttft[9]]
+    s = summarize(_run(ttft, done, outputs), ttft_slo_s=0.75, tpot_slo_s=0.05, warmup_fraction=0.0)
+    assert s.ttft_s.p50 == pytest.approx(np.percentile(ttft, 50))
+    assert s.tpot_s.p50 == pytest.approx(0.02)              # 9 requests with a TPOT, 5 at 20 ms
+    # meets both: TTFT <= 0.75 and TPOT <= 50 ms -> requests 0..4 (the one-token request misses on TTFT)
+    assert s.slo_attainment == pytest.approx(0.5)
+    assert s.goodput_per_s == pytest.approx(0.5 * 10 / 9)    # 10 arrivals over 9 s
+    assert s.num_unfinished == 0
+
+
+def test_unfinished_requests_miss():
+    s = summarize(_run([0.1, 0.1], [0.2, None], [2, 2]), 1.0, 1.0, warmup_fraction=0.0)
+    assert s.num_unfinished == 1 and s.slo_attainment == pytest.approx(0.5)
+
+
+def test_goodput_search_brackets_the_threshold():
+    def probe(cluster, workload, rate, ttft_s, tpot_s, n, seed):
+        return 1.0 if rate <= 13.7 else 0.5
+    g = max_goodput_rate_per_s(None, None, 1, 1, 0.9, start_rate_per_s=1.0, num_bisections=12, probe=probe)
+    assert g.rate_per_s == pytest.approx(13.7, rel=0.01) and g.rate_per_s <= 13.7

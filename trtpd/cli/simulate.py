@@ -1,0 +1,112 @@
+"""`trtpd simulate`: run a workload through a simulated deployment (a plan file, or explicit flags)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from trtpd.catalog import resolve_model
+from trtpd.errors import ConfigError
+from trtpd.perf.hardware import load_hardware
+from trtpd.planner.inputs import load_slo
+from trtpd.planner.plan import load_plan
+from trtpd.sim.build import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_plan
+from trtpd.sim.goodput import max_goodput_rate_per_s
+from trtpd.sim.metrics import SimSummary, summarize
+from trtpd.sim.simulator import simulate
+from trtpd.sim.workload import generate_requests, load_workload
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="discrete-event simulation of a disaggregated (and colocated) deployment",
+                       description="Simulate a workload on a plan (--plan) or on explicit instance counts, "
+                                   "disaggregated and/or colocated on the same GPUs; print TTFT/TPOT percentiles, "
+                                   "SLO attainment and goodput.")
+    p.add_argument("--plan", type=Path, help="plan YAML written by `trtpd plan`")
+    p.add_argument("--model", default=None, help="catalog name (default: the plan's, else llama-2-70b)")
+    p.add_argument("--hardware", default=None, help="hardware name or YAML (default: the plan's, else h100-sxm); "
+                                                    "a profile with measured curves uses them")
+    p.add_argument("--workload", default="chat-powerlaw", help="configs/workloads name or YAML path")
+    p.add_argument("--slo", default="chat", help="SLO used for attainment and goodput")
+    p.add_argument("--rate-per-s", type=float, help="arrival rate (default: the plan's target)")
+    p.add_argument("--num-requests", type=int, default=10000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--mode", choices=("disaggregated", "colocated", "both"), default="both")
+    p.add_argument("--find-goodput", action="store_true",
+                   help="search the highest rate meeting the SLO for the attainment share (DistServe's goodput)")
+    p.add_argument("--json", type=Path, help="also write the summaries as JSON here")
+    c = p.add_argument_group("explicit cluster (overrides the plan)")
+    for flag, kind in (("--num-prefill", int), ("--num-decode", int), ("--tp-prefill", int), ("--tp-decode", int),
+                       ("--prefill-max-num-tokens", int), ("--prefill-max-batch-size", int),
+                       ("--decode-max-batch-size", int), ("--num-colocated", int), ("--kv-capacity-tokens", int),
+                       ("--kv-link-bytes-per-s", float), ("--kv-link-latency-s", float), ("--bucket-timeout-s", float)):
+        c.add_argument(flag, type=kind)
+    c.add_argument("--weight-dtype", choices=("fp32", "fp16", "bf16", "fp8"))
+    c.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"))
+    c.add_argument("--kv-link", choices=("network", "nvlink"))
+    c.add_argument("--first-token-at", choices=("prefill", "decode"))
+    p.set_defaults(func=run)
+
+
+def _options(args: argparse.Namespace) -> tuple[ClusterOptions, str, str, float | None]:
+    model, hardware, rate = "llama-2-70b", "h100-sxm", None
+    opts = ClusterOptions()
+    if args.plan:
+        plan = load_plan(args.plan)
+        opts, model, hardware, rate = options_from_plan(plan), plan.model, plan.hardware, plan.target.rate_per_s
+    overrides = {k: v for k, v in vars(args).items() if k in ClusterOptions.__dataclass_fields__ and v is not None}
+    return replace(opts, **overrides), args.model or model, args.hardware or hardware, args.rate_per_s or rate
+
+
+def _line(label: str, s: SimSummary) -> str:
+    ms = 1e3
+    b = s.ttft_breakdown
+    parts = (f"{label:<14} TTFT P50/P90/P99 {s.ttft_s.p50 * ms:8.1f} {s.ttft_s.p90 * ms:8.1f} {s.ttft_s.p99 * ms:8.1f} ms"
+             f" | TPOT {s.tpot_s.p50 * ms:6.1f} {s.tpot_s.p90 * ms:6.1f} {s.tpot_s.p99 * ms:6.1f} ms"
+             f" | attainment {s.slo_attainment:6.1%} | goodput {s.goodput_per_s:7.2f}/s"
+             f" | {s.throughput_tokens_per_s:9.0f} tokens/s")
+    if s.num_unfinished:
+        parts += f" | {s.num_unfinished} unfinished"
+    if b is not None:
+        parts += (f"\n{'':<14} TTFT mean = prefill queue {b.prefill_queue_s * ms:.1f} + compute {b.prefill_compute_s * ms:.1f}"
+                  f" + decode queue {b.decode_queue_s * ms:.1f} + KV transfer {b.kv_transfer_s * ms:.1f} ms")
+    return parts
+
+
+def run(args: argparse.Namespace) -> int:
+    opts, model_name, hardware_name, rate = _options(args)
+    if rate is None and not args.find_goodput:
+        raise ConfigError("give --rate-per-s (or a --plan with a target rate, or --find-goodput)")
+    model, hardware = resolve_model(model_name), load_hardware(hardware_name)
+    workload, slo = load_workload(args.workload), load_slo(args.slo)
+    clusters = {}
+    if args.mode in ("disaggregated", "both"):
+        clusters["disaggregated"] = disaggregated_cluster(model, hardware, opts)
+    if args.mode in ("colocated", "both"):
+        clusters["colocated"] = colocated_cluster(model, hardware, opts)
+    print(f"simulate: {model.name} on {hardware.name}, workload {workload.name}, {args.num_requests} requests, "
+          f"SLO TTFT <= {slo.ttft_s * 1e3:.0f} ms, TPOT <= {slo.tpot_s * 1e3:.0f} ms for {slo.attainment:.0%}")
+    num_colocated = opts.num_colocated or max(1, opts.num_gpus // opts.tp_decode)
+    print(f"  disaggregated: {opts.num_prefill} prefill (TP{opts.tp_prefill}) + {opts.num_decode} decode "
+          f"(TP{opts.tp_decode}) = {opts.num_gpus} GPUs; colocated: {num_colocated} x TP{opts.tp_decode} = "
+          f"{num_colocated * opts.tp_decode} GPUs")
+    out = {}
+    for label, cluster in clusters.items():
+        if args.find_goodput:
+            g = max_goodput_rate_per_s(cluster, workload, slo.ttft_s, slo.tpot_s, slo.attainment,
+                                       num_requests=min(args.num_requests, 4000), seed=args.seed,
+                                       start_rate_per_s=rate or 1.0)
+            print(f"{label:<14} goodput: {g.rate_per_s:.3g} requests/s ({g.rate_per_s / opts.num_gpus:.3g} per GPU) "
+                  f"at {g.attainment:.1%} attainment, {len(g.probes)} simulations")
+            out[f"{label}_goodput_per_s"] = g.rate_per_s
+            continue
+        run_ = simulate(cluster, generate_requests(workload, rate, args.num_requests, args.seed))
+        summary = summarize(run_, slo.ttft_s, slo.tpot_s)
+        print(_line(label, summary))
+        out[label] = asdict(summary)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
