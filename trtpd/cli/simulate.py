@@ -12,10 +12,11 @@ from trtpd.errors import ConfigError
 from trtpd.perf.hardware import load_hardware
 from trtpd.planner.inputs import load_slo
 from trtpd.planner.plan import load_plan
-from trtpd.sim.build import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_plan
+from trtpd.sim.build import (ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines,
+                             options_from_plan)
 from trtpd.sim.goodput import max_goodput_rate_per_s
 from trtpd.sim.metrics import SimSummary, summarize
-from trtpd.sim.simulator import simulate
+from trtpd.sim.simulator import default_max_in_system, simulate
 from trtpd.sim.workload import generate_requests, load_workload
 
 
@@ -25,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "disaggregated and/or colocated on the same GPUs; print TTFT/TPOT percentiles, "
                                    "SLO attainment and goodput.")
     p.add_argument("--plan", type=Path, help="plan YAML written by `trtpd plan`")
+    p.add_argument("--engines", type=Path,
+                   help="a reference build folder (engines/<model>/reference-<kv>): mirror its scheduler settings "
+                        "and KV pools (use with --model tiny-llama --hardware cpu-reference)")
     p.add_argument("--model", default=None, help="catalog name (default: the plan's, else llama-2-70b)")
     p.add_argument("--hardware", default=None, help="hardware name or YAML (default: the plan's, else h100-sxm); "
                                                     "a profile with measured curves uses them")
@@ -37,8 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--find-goodput", action="store_true",
                    help="search the highest rate meeting the SLO for the attainment share (DistServe's goodput)")
     p.add_argument("--json", type=Path, help="also write the summaries as JSON here")
+    p.add_argument("--no-early-stop", action="store_true",
+                   help="simulate every request even when the queue grows without bound")
     c = p.add_argument_group("explicit cluster (overrides the plan)")
     for flag, kind in (("--num-prefill", int), ("--num-decode", int), ("--tp-prefill", int), ("--tp-decode", int),
+                       ("--prefill-kv-capacity-tokens", int), ("--decode-kv-capacity-tokens", int),
                        ("--prefill-max-num-tokens", int), ("--prefill-max-batch-size", int),
                        ("--decode-max-batch-size", int), ("--num-colocated", int), ("--kv-capacity-tokens", int),
                        ("--kv-link-bytes-per-s", float), ("--kv-link-latency-s", float), ("--bucket-timeout-s", float)):
@@ -56,6 +63,8 @@ def _options(args: argparse.Namespace) -> tuple[ClusterOptions, str, str, float 
     if args.plan:
         plan = load_plan(args.plan)
         opts, model, hardware, rate = options_from_plan(plan), plan.model, plan.hardware, plan.target.rate_per_s
+    if args.engines:
+        opts = options_from_engines(args.engines, opts)
     overrides = {k: v for k, v in vars(args).items() if k in ClusterOptions.__dataclass_fields__ and v is not None}
     return replace(opts, **overrides), args.model or model, args.hardware or hardware, args.rate_per_s or rate
 
@@ -102,9 +111,12 @@ def run(args: argparse.Namespace) -> int:
                   f"at {g.attainment:.1%} attainment, {len(g.probes)} simulations")
             out[f"{label}_goodput_per_s"] = g.rate_per_s
             continue
-        run_ = simulate(cluster, generate_requests(workload, rate, args.num_requests, args.seed))
+        run_ = simulate(cluster, generate_requests(workload, rate, args.num_requests, args.seed),
+                        max_in_system=None if args.no_early_stop else default_max_in_system(cluster))
         summary = summarize(run_, slo.ttft_s, slo.tpot_s)
         print(_line(label, summary))
+        if run_.stopped_overloaded:
+            print(f"{'':<14} OVERLOADED: the queue kept growing; stopped early (--no-early-stop runs to the end)")
         out[label] = asdict(summary)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

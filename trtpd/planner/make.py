@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trtpd.planner import seed004
 from trtpd.planner.plan import (DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan, TargetSummary,
@@ -18,6 +18,7 @@ class VerifyOptions:
     num_requests: int = 6000
     seed: int = 0
     try_fewer: bool = True
+    max_simulations: int = 5
 
 
 def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
@@ -29,6 +30,8 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
         choice = _prefer_nvlink(planner, choice)
         rate = result.rate_per_s
         if options.enabled and rate is not None:
+            if problem.target is None:   # a budget: keep its GPUs, confirm the rate
+                options = replace(options, try_fewer=False)
             choice, verdict = _verified(problem, result, choice, rate, options)
     return _to_plan(problem, result, choice, verdict)
 
@@ -40,9 +43,19 @@ def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: 
     assert planner is not None
     space = problem.space
     requests = generate_requests(problem.workload, rate, options.num_requests, options.seed)
-    verdict = verify(choice.config.prefill, choice.config.decode, choice.num_prefill, choice.num_decode,
-                     choice.config.link, requests, problem.slo, space.tokens_per_block, space.first_token_at,
-                     space.max_gpus, options.try_fewer)
+    cfg, p = choice.config, problem.slo.attainment
+
+    def analytic_q(counts: tuple[int, int]) -> tuple[float, float]:
+        est = cfg.estimate(counts[0], counts[1], rate, problem.slo.ttft_s, problem.slo.tpot_s, p)
+        return est.ttft_p_s, est.tpot_p_s
+
+    def propose(counts: tuple[int, int], ttft_c: float, tpot_c: float) -> tuple[int, int] | None:
+        n_p, n_d, binding = planner.counts_for_rate(cfg.corrected(ttft_c, tpot_c), rate, choice.link_kind)
+        return (n_p, n_d) if binding is None else None
+
+    verdict = verify(cfg.prefill, cfg.decode, (choice.num_prefill, choice.num_decode), cfg.link, requests,
+                     problem.slo, space.tokens_per_block, space.first_token_at, analytic_q, propose,
+                     space.max_gpus, options.try_fewer, options.max_simulations)
     if (verdict.num_prefill, verdict.num_decode) != (choice.num_prefill, choice.num_decode):
         result.notes.append(f"the simulator moved the analytic {choice.num_prefill}P{choice.num_decode}D to "
                             f"{verdict.num_prefill}P{verdict.num_decode}D")

@@ -91,7 +91,7 @@ class Planner:
         for tp in sorted(set(space.tp_decode)):
             c = decode_candidate(p.model, p.hardware, tp, self.stats, self.max_seq_len, p.slo, space)
             (self.rejected if isinstance(c, Rejected) else self.decodes).append(c)
-        self._decode_rate: dict[tuple[int, int, str], float] = {}
+        self._decode_rate: dict[tuple[int, int, str, float], float] = {}
 
     # -- configuration building blocks ----------------------------------------------------------------
     def link(self, tp_prefill: int, tp_decode: int, kind: str) -> KvLinkModel:
@@ -105,9 +105,9 @@ class Planner:
         return Config(cp, cd, self.link(cp.tp, cd.tp, kind), self.problem.space.first_token_at == "decode")
 
     def decode_rate_max(self, cfg: Config, kind: str) -> float:
-        key = (cfg.prefill.tp, cfg.decode.tp, kind)
+        key = (cfg.prefill.tp, cfg.decode.tp, kind, cfg.tpot_correction)
         if key not in self._decode_rate:
-            self._decode_rate[key] = cfg.decode_rate_max(self.problem.slo.tpot_s, self.p)
+            self._decode_rate[key] = cfg.decode_rate_max(self.problem.slo.tpot_s / cfg.tpot_correction, self.p)
         return self._decode_rate[key]
 
     def counts_for_rate(self, cfg: Config, rate: float, kind: str) -> tuple[int, int, str | None]:
@@ -117,7 +117,7 @@ class Planner:
         if rate_d <= 0:
             return 0, 0, "tpot"
         num_d = max(1, math.ceil(rate / rate_d - 1e-9))
-        budget = slo.ttft_s - cfg.decode_side_ttft_s(rate / num_d, self.p)
+        budget = slo.ttft_s / cfg.ttft_correction - cfg.decode_side_ttft_s(rate / num_d, self.p)
         rate_p = cfg.prefill_rate_max(budget, self.p) if budget > 0 else 0.0
         if rate_p <= 0:
             return 0, 0, "ttft"

@@ -1,13 +1,17 @@
 """Checks a plan in the simulator and corrects the instance counts the analytic model got wrong.
 
-The simulator is the arbiter: if the simulated SLO attainment falls short, add an instance to the
-role that misses (TTFT misses caused by waiting for decode admission count against decode); if it
-passes, try one instance fewer per role and keep the cut when the simulator still passes.
+The simulator is the arbiter. 1) Simulate the analytic counts at the target rate. 2) Scale the
+analytic TTFT_p and TPOT_p by what the simulator measured (Dynamo-style correction factors) and
+solve the counts again with the corrected model. 3) Local search: a passing configuration tries one
+instance fewer per role; a failing one gets one more instance of the role that misses (TTFT misses
+caused by waiting for decode admission count against decode). Keep the passing configuration with
+the fewest GPUs. At most `max_simulations` runs, each on the same requests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -17,10 +21,12 @@ from trtpd.planner.role_models import KvLinkModel
 from trtpd.sched.continuous import BatchSchedulerConfig
 from trtpd.sim.cluster import BatchRole, ClusterSpec, KvLinkSpec, PrefillRole
 from trtpd.sim.metrics import SimSummary, latencies, summarize
-from trtpd.sim.simulator import simulate
+from trtpd.sim.simulator import SimRun, default_max_in_system, simulate
 from trtpd.sim.workload import RequestArrays
 
-MAX_ADJUSTMENTS = 6
+Counts = tuple[int, int]
+# (simulated TTFT_p / analytic, simulated TPOT_p / analytic) at the first counts -> counts from the corrected model
+Propose = Callable[[Counts, float, float], Counts | None]
 
 
 def cluster_for(prefill: PrefillCandidate, decode: DecodeCandidate, num_prefill: int, num_decode: int,
@@ -36,74 +42,89 @@ def cluster_for(prefill: PrefillCandidate, decode: DecodeCandidate, num_prefill:
 
 
 @dataclass(frozen=True)
+class Trial:
+    counts: Counts
+    summary: SimSummary
+    attainment: float
+    passed: bool
+    ttft_q_s: float           # simulated TTFT and TPOT at the SLO's percentile
+    tpot_q_s: float
+    ttft_miss: float          # share of requests over the TTFT target
+    tpot_miss: float
+
+
+@dataclass(frozen=True)
 class Verdict:
     num_prefill: int
     num_decode: int
     summary: SimSummary
     passed: bool
-    ttft_q_s: float           # simulated TTFT and TPOT at the SLO's percentile
+    ttft_q_s: float
     tpot_q_s: float
     num_simulations: int
     history: tuple[tuple[int, int, float], ...]    # (prefill, decode, attainment) per simulation
 
 
-def _misses(requests_ttft: np.ndarray, requests_tpot: np.ndarray, slo: Slo) -> tuple[float, float]:
-    ttft_miss = float(np.mean(~(requests_ttft <= slo.ttft_s)))
-    tpot_miss = float(np.mean(requests_tpot > slo.tpot_s))
-    return ttft_miss, tpot_miss
-
-
-def verify(prefill: PrefillCandidate, decode: DecodeCandidate, num_prefill: int, num_decode: int,
-           link: KvLinkModel, requests: RequestArrays, slo: Slo, tokens_per_block: int, first_token_at: str,
-           max_gpus: int | None = None, try_fewer: bool = True) -> Verdict:
-    history: list[tuple[int, int, float]] = []
-    last: dict = {}
-
-    def run(n_p: int, n_d: int):
-        cluster = cluster_for(prefill, decode, n_p, n_d, link, tokens_per_block, first_token_at)
-        result = simulate(cluster, requests)
-        summary = summarize(result, slo.ttft_s, slo.tpot_s)
-        history.append((n_p, n_d, summary.slo_attainment or 0.0))
-        last[(n_p, n_d)] = result
-        return result, summary
-
-    def gpus(n_p: int, n_d: int) -> int:
-        return n_p * prefill.tp + n_d * decode.tp
-
-    n_p, n_d = num_prefill, num_decode
-    result, summary = run(n_p, n_d)
-    passed = (summary.slo_attainment or 0.0) >= slo.attainment
-    for _ in range(MAX_ADJUSTMENTS):
-        if passed:
-            break
-        lat = latencies(result)
-        ttft_miss, tpot_miss = _misses(lat.ttft_s, lat.tpot_s, slo)
-        b = summary.ttft_breakdown
-        decode_side = b is not None and b.decode_queue_s > b.prefill_queue_s
-        if tpot_miss > ttft_miss or decode_side:
-            n_d += 1
-        else:
-            n_p += 1
-        if max_gpus is not None and gpus(n_p, n_d) > max_gpus:
-            break
-        result, summary = run(n_p, n_d)
-        passed = (summary.slo_attainment or 0.0) >= slo.attainment
-    if passed and try_fewer:
-        for role in ("prefill", "decode"):
-            while True:
-                c_p, c_d = (n_p - 1, n_d) if role == "prefill" else (n_p, n_d - 1)
-                if min(c_p, c_d) < 1:
-                    break
-                _, s = run(c_p, c_d)
-                if (s.slo_attainment or 0.0) < slo.attainment:
-                    break
-                n_p, n_d, summary = c_p, c_d, s
-    ttft_q, tpot_q = _quantiles(last[(n_p, n_d)], slo.attainment)
-    return Verdict(n_p, n_d, summary, passed, ttft_q, tpot_q, len(history), tuple(history))
-
-
-def _quantiles(result, p: float) -> tuple[float, float]:
-    lat = latencies(result)
+def _trial(counts: Counts, run: SimRun, slo: Slo) -> Trial:
+    summary = summarize(run, slo.ttft_s, slo.tpot_s)
+    lat = latencies(run)
     ttft = np.where(np.isnan(lat.ttft_s), np.inf, lat.ttft_s)
     tpot = lat.tpot_s[~np.isnan(lat.tpot_s)]
-    return float(np.quantile(ttft, p)), float(np.quantile(tpot, p)) if len(tpot) else 0.0
+    attainment = summary.slo_attainment or 0.0
+    return Trial(counts, summary, attainment, attainment >= slo.attainment,
+                 float(np.quantile(ttft, slo.attainment)),
+                 float(np.quantile(tpot, slo.attainment)) if len(tpot) else 0.0,
+                 float(np.mean(ttft > slo.ttft_s)), float(np.mean(tpot > slo.tpot_s)) if len(tpot) else 0.0)
+
+
+def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, link: KvLinkModel,
+           requests: RequestArrays, slo: Slo, tokens_per_block: int, first_token_at: str,
+           analytic_q: Callable[[Counts], tuple[float, float]], propose: Propose | None = None,
+           max_gpus: int | None = None, try_fewer: bool = True, max_simulations: int = 5) -> Verdict:
+    trials: dict[Counts, Trial] = {}
+    order: list[Counts] = []
+
+    def gpus(c: Counts) -> int:
+        return c[0] * prefill.tp + c[1] * decode.tp
+
+    def run(c: Counts) -> Trial:
+        if c not in trials:
+            cluster = cluster_for(prefill, decode, c[0], c[1], link, tokens_per_block, first_token_at)
+            trials[c] = _trial(c, simulate(cluster, requests, max_in_system=default_max_in_system(cluster)), slo)
+            order.append(c)
+        return trials[c]
+
+    def allowed(c: Counts) -> bool:
+        return min(c) >= 1 and (max_gpus is None or gpus(c) <= max_gpus) and c not in trials
+
+    first = run(counts)
+    candidate = counts
+    if propose is not None:
+        ttft_a, tpot_a = analytic_q(counts)
+        ttft_c = first.ttft_q_s / ttft_a if ttft_a > 0 and np.isfinite(first.ttft_q_s) else 1.0
+        tpot_c = first.tpot_q_s / tpot_a if tpot_a > 0 and first.tpot_q_s > 0 else 1.0
+        proposed = propose(counts, ttft_c, tpot_c)
+        if proposed is not None and allowed(proposed):
+            candidate = proposed
+    t = run(candidate)
+    while not t.passed and len(trials) < max_simulations:        # reach a passing configuration
+        b = t.summary.ttft_breakdown
+        decode_side = b is not None and b.decode_queue_s > b.prefill_queue_s
+        bump = (t.counts[0], t.counts[1] + 1) if (t.tpot_miss > t.ttft_miss or decode_side) \
+            else (t.counts[0] + 1, t.counts[1])
+        if not allowed(bump):
+            break
+        t = run(bump)
+    if t.passed and try_fewer:                                    # then trim each role while it passes
+        best = t.counts
+        for role in (0, 1):
+            while len(trials) < max_simulations:
+                smaller = (best[0] - 1, best[1]) if role == 0 else (best[0], best[1] - 1)
+                if not allowed(smaller) or not run(smaller).passed:
+                    break
+                best = smaller
+    passing = [trials[c] for c in order if trials[c].passed]
+    best = min(passing, key=lambda t: (gpus(t.counts), -t.attainment)) if passing else trials[order[-1]]
+    history = tuple((c[0], c[1], trials[c].attainment) for c in order)
+    return Verdict(best.counts[0], best.counts[1], best.summary, best.passed, best.ttft_q_s, best.tpot_q_s,
+                   len(order), history)

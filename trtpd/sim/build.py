@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from trtpd.catalog import ModelSpec
@@ -31,7 +32,11 @@ class ClusterOptions:
     kv_link: Literal["network", "nvlink"] = "network"
     kv_link_bytes_per_s: float | None = None     # one decode instance's ingress; default from the hardware
     kv_link_latency_s: float = 50e-6
-    kv_capacity_tokens: int | None = None        # per instance; default from the perf model
+    kv_capacity_tokens: int | None = None        # per instance, both roles; default from the perf model
+    prefill_kv_capacity_tokens: int | None = None
+    decode_kv_capacity_tokens: int | None = None
+    colocated_max_batch_size: int | None = None  # default: decode_max_batch_size
+    colocated_max_num_tokens: int | None = None  # default: prefill_max_num_tokens
     tokens_per_block: int = 32
     first_token_at: Literal["prefill", "decode"] = "decode"
     num_colocated: int | None = None             # default: as many TP-decode instances as the P/D pair's GPUs
@@ -55,10 +60,38 @@ def options_from_plan(plan: Plan) -> ClusterOptions:
                           tokens_per_block=plan.tokens_per_block, first_token_at=plan.first_token_at)
 
 
-def _perf(model: ModelSpec, hardware: HardwareProfile, tp: int, opts: ClusterOptions) -> InstancePerf:
+def options_from_engines(build_root: Path, base: ClusterOptions = ClusterOptions()) -> ClusterOptions:
+    """Mirrors a reference build's scheduler settings and KV pools (engines/<model>/reference-<kv>/)."""
+    from trtpd.engine.engine_config import EngineConfig
+
+    cfgs = {}
+    for role in ("prefill", "decode", "colocated"):
+        folder = build_root / f"{role}-tp1"
+        if (folder / "config.json").is_file():
+            cfgs[role] = EngineConfig.load(folder)
+    if "prefill" not in cfgs or "decode" not in cfgs:
+        raise ConfigError(f"{build_root}: no prefill-tp1/ and decode-tp1/ engine folders; build them with "
+                          f"`trtpd build --backend reference`")
+    p, d = cfgs["prefill"], cfgs["decode"]
+    update = dict(weight_dtype="fp32", kv_dtype=p.kv_dtype.value, tp_prefill=p.tp_size, tp_decode=d.tp_size,
+                  prefill_max_num_tokens=p.max_num_tokens, prefill_max_batch_size=p.max_batch_size,
+                  prefill_min_batch_size=p.min_batch_size, bucket_timeout_s=p.bucket_timeout_ms / 1e3,
+                  decode_max_batch_size=d.max_batch_size, tokens_per_block=d.tokens_per_block,
+                  prefill_kv_capacity_tokens=p.num_kv_blocks * p.tokens_per_block,
+                  decode_kv_capacity_tokens=d.num_kv_blocks * d.tokens_per_block)
+    if "colocated" in cfgs:
+        c = cfgs["colocated"]
+        update.update(colocated_max_batch_size=c.max_batch_size, colocated_max_num_tokens=c.max_num_tokens,
+                      kv_capacity_tokens=c.num_kv_blocks * c.tokens_per_block)
+    return replace(base, **update)
+
+
+def _perf(model: ModelSpec, hardware: HardwareProfile, tp: int, opts: ClusterOptions,
+          capacity_tokens: int | None = None) -> InstancePerf:
     inst = instance_perf(model, hardware, tp, opts.weight_dtype, opts.kv_dtype)
-    if opts.kv_capacity_tokens is not None:
-        inst = replace(inst, kv_capacity_tokens=opts.kv_capacity_tokens)
+    capacity = capacity_tokens or opts.kv_capacity_tokens
+    if capacity is not None:
+        inst = replace(inst, kv_capacity_tokens=capacity)
     if inst.kv_capacity_tokens <= 0:
         raise ConfigError(f"{model.name} at TP {tp} with {opts.weight_dtype} weights does not fit in "
                           f"{hardware.name}'s memory; raise the TP or use fp8 weights")
@@ -66,7 +99,8 @@ def _perf(model: ModelSpec, hardware: HardwareProfile, tp: int, opts: ClusterOpt
 
 
 def disaggregated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: ClusterOptions) -> ClusterSpec:
-    pi, di = _perf(model, hardware, opts.tp_prefill, opts), _perf(model, hardware, opts.tp_decode, opts)
+    pi = _perf(model, hardware, opts.tp_prefill, opts, opts.prefill_kv_capacity_tokens)
+    di = _perf(model, hardware, opts.tp_decode, opts, opts.decode_kv_capacity_tokens)
     if opts.kv_link_bytes_per_s is not None:
         bw = opts.kv_link_bytes_per_s
     else:
@@ -94,8 +128,9 @@ def colocated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Cluster
     """The baseline on the same GPUs: instances at the decode TP doing both phases."""
     inst = _perf(model, hardware, opts.tp_decode, opts)
     num = opts.num_colocated or max(1, opts.num_gpus // opts.tp_decode)
-    sched = BatchSchedulerConfig(max_batch_size=opts.decode_max_batch_size,
-                                 max_num_tokens=max(opts.prefill_max_num_tokens, opts.decode_max_batch_size),
-                                 prefill_in_step=True)
+    batch = opts.colocated_max_batch_size or opts.decode_max_batch_size
+    # room for the longest prompt next to a full decode batch (else a long prompt waits for an empty batch)
+    num_tokens = opts.colocated_max_num_tokens or opts.prefill_max_num_tokens + batch
+    sched = BatchSchedulerConfig(max_batch_size=batch, max_num_tokens=max(num_tokens, batch), prefill_in_step=True)
     return ClusterSpec(mode="colocated", decode=BatchRole(num, inst.perf, inst.kv_capacity_tokens, sched),
                        tokens_per_block=opts.tokens_per_block)

@@ -7,7 +7,7 @@ from typing import Callable
 
 from trtpd.sim.cluster import ClusterSpec
 from trtpd.sim.metrics import summarize
-from trtpd.sim.simulator import simulate
+from trtpd.sim.simulator import default_max_in_system, simulate
 from trtpd.sim.workload import WorkloadSpec, generate_requests
 
 
@@ -20,7 +20,8 @@ class GoodputResult:
 
 def attainment_at(cluster: ClusterSpec, workload: WorkloadSpec, rate_per_s: float, ttft_s: float, tpot_s: float,
                   num_requests: int, seed: int) -> float:
-    run = simulate(cluster, generate_requests(workload, rate_per_s, num_requests, seed))
+    run = simulate(cluster, generate_requests(workload, rate_per_s, num_requests, seed),
+                   max_in_system=default_max_in_system(cluster))
     return summarize(run, ttft_s, tpot_s).slo_attainment or 0.0
 
 

@@ -22,6 +22,31 @@ class SimSequence(SchedSequence):
     __hash__ = object.__hash__
 
 
+class _RunningList(list):
+    """The scheduler's `running` list, keeping the sum of its sequences' reserved blocks up to date.
+
+    With growth deferred, a running sequence's reservation (blocks for max_total_tokens minus the
+    blocks it holds) is fixed from admission to finish, so a sum updated on append/remove equals
+    what ContinuousBatchScheduler.num_reserved_blocks recomputes over the whole list.
+    """
+
+    def __init__(self, tokens_per_block: int) -> None:
+        super().__init__()
+        self.tokens_per_block = tokens_per_block
+        self.num_reserved_blocks = 0
+
+    def _reserved(self, seq: SchedSequence) -> int:
+        return -(-seq.max_total_tokens // self.tokens_per_block) - len(seq.block_table)
+
+    def append(self, seq: SchedSequence) -> None:
+        super().append(seq)
+        self.num_reserved_blocks += self._reserved(seq)
+
+    def remove(self, seq: SchedSequence) -> None:
+        super().remove(seq)
+        self.num_reserved_blocks -= self._reserved(seq)
+
+
 class DeferredGrowthScheduler(ContinuousBatchScheduler):
     """ContinuousBatchScheduler without the per-step allocation of blocks for generated tokens.
 
@@ -31,8 +56,17 @@ class DeferredGrowthScheduler(ContinuousBatchScheduler):
     changing that difference; so skipping the growth changes no decision
     (tests/unit/sim/test_equivalence.py checks it against the unmodified class). It saves the
     simulator a Python call per sequence per step. A sequence's block table holds its prompt blocks;
-    the rest of its blocks stay reserved until it finishes.
+    the rest of its blocks stay reserved until it finishes. The reserved-block count is kept as a
+    running sum instead of being recomputed over all running sequences at every admission.
     """
+
+    def __init__(self, config, allocator) -> None:
+        super().__init__(config, allocator)
+        self.running = _RunningList(allocator.tokens_per_block)
+
+    @property
+    def num_reserved_blocks(self) -> int:
+        return self.running.num_reserved_blocks
 
     def _grow(self, seq: SchedSequence) -> None:
         pass

@@ -30,6 +30,11 @@ class SimRun:
     span_s: float
     num_events: int
     num_rejected: int = 0      # prompts longer than the entry role accepts (the gateway refuses them)
+    stopped_overloaded: bool = False   # stopped early: more requests in the system than max_in_system
+
+
+class _Overloaded(Exception):
+    pass
 
 
 def _blocks(kv_capacity_tokens: int, tokens_per_block: int) -> int:
@@ -37,8 +42,12 @@ def _blocks(kv_capacity_tokens: int, tokens_per_block: int) -> int:
 
 
 class Simulator:
-    def __init__(self, cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False) -> None:
+    def __init__(self, cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False,
+                 max_in_system: int | None = None) -> None:
+        """max_in_system: stop once more requests than this are waiting or running (an overloaded
+        configuration's queue only grows; the requests not finished count as SLO misses)."""
         self.cluster = cluster
+        self.max_in_system = max_in_system
         self.requests = requests
         self.loop = EventLoop()
         self.records = RequestRecords(requests)
@@ -75,14 +84,13 @@ class Simulator:
 
     # -- routing -----------------------------------------------------------------------------------
     def _on_arrival(self, now_s: float, index: int) -> None:
-        nxt = index + 1
-        if nxt < len(self.requests):
-            self.loop.push(self.requests.arrival_s[nxt], self._on_arrival, nxt)
         r = self.records
         if r.input_tokens[index] > self._max_prompt_tokens or \
                 r.input_tokens[index] + r.output_tokens[index] > self._max_seq_tokens:
             self.num_rejected += 1      # never served: counts as unfinished and as an SLO miss
             return
+        if self.max_in_system is not None and index - self.num_rejected - r.num_done > self.max_in_system:
+            raise _Overloaded
         entry = self._entry
         if len(entry) == 1:
             target = entry[0]
@@ -109,16 +117,26 @@ class Simulator:
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self) -> SimRun:
-        if len(self.requests):
-            self.loop.push(self.requests.arrival_s[0], self._on_arrival, 0)
-        self.loop.run()
+        overloaded = False
+        try:
+            self.loop.run(self.requests.arrival_s, self._on_arrival)
+        except _Overloaded:
+            overloaded = True
         span = max(self.loop.now_s - (self.requests.arrival_s[0] if len(self.requests) else 0.0), 1e-12)
         usage = [InstanceUsage("prefill", p.index, p.busy_s / span, 0.0) for p in self.prefills]
         for role, group in (("decode", self.decodes), ("colocated", self.colocated)):
             usage += [InstanceUsage(role, d.index, d.busy_s / span, d.sum_batch_steps / max(d.num_steps, 1))
                       for d in group]
         links = [d.link.busy_s / span for d in self.decodes]
-        return SimRun(self.records, usage, links, span, self.loop.num_events, self.num_rejected)
+        return SimRun(self.records, usage, links, span, self.loop.num_events, self.num_rejected, overloaded)
+
+
+def default_max_in_system(cluster: ClusterSpec) -> int:
+    """Twenty times what the cluster can hold in its batches, plus 1,000."""
+    held = cluster.decode.num_instances * cluster.decode.scheduler.max_batch_size if cluster.decode else 0
+    if cluster.prefill is not None:
+        held += cluster.prefill.num_instances * cluster.prefill.scheduler.max_batch_size
+    return 20 * held + 1000
 
 
 def _queued_tokens(instance) -> int:
@@ -129,5 +147,6 @@ def _num_assigned(instance) -> int:
     return instance.num_assigned
 
 
-def simulate(cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False) -> SimRun:
-    return Simulator(cluster, requests, exact_steps).run()
+def simulate(cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False,
+             max_in_system: int | None = None) -> SimRun:
+    return Simulator(cluster, requests, exact_steps, max_in_system).run()

@@ -88,3 +88,15 @@ def test_usage_reports_busy_share_and_batch():
     decode = [u for u in run.usage if u.role == "decode"][0]
     assert decode.mean_batch_size == pytest.approx(1.0)
     assert decode.busy_share == pytest.approx(0.1 / run.span_s)
+
+
+def test_overloaded_run_stops_early_and_counts_misses():
+    from trtpd.sim.metrics import summarize
+    from trtpd.sim.simulator import default_max_in_system
+    cluster = disagg(LinearPerf(prefill_fixed_s=0.1), prefill_sched=SCHED)     # 10 requests/s at most
+    arrays = RequestArrays([i * 0.01 for i in range(5000)], [100] * 5000, [2] * 5000)
+    run = simulate(cluster, arrays, max_in_system=200)
+    assert run.stopped_overloaded
+    s = summarize(run, 1.0, 1.0)
+    assert s.num_unfinished > 4000 and s.slo_attainment < 0.1
+    assert default_max_in_system(cluster) == 20 * (8 + 64) + 1000

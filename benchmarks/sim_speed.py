@@ -1,0 +1,60 @@
+"""Simulator speed: simulated requests per wall-clock second (goal: >= 50,000 on a 2-core dev machine).
+
+Scenarios are planned clusters (what `trtpd plan` verifies), simulated with the fast path: the shared
+PrefillScheduler and ContinuousBatchScheduler make every decision. Run:
+    .venv/bin/python benchmarks/sim_speed.py [--num-requests 50000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from trtpd.catalog import get_model
+from trtpd.perf.hardware import load_hardware
+from trtpd.planner.inputs import SearchSpace, Target, load_slo
+from trtpd.planner.make import VerifyOptions, make_plan
+from trtpd.planner.search import PlanProblem
+from trtpd.sim.build import colocated_cluster, disaggregated_cluster, options_from_plan
+from trtpd.sim.simulator import simulate
+from trtpd.sim.workload import generate_requests, load_workload
+
+SCENARIOS = (
+    # (label, hardware, workload, slo, target)
+    ("chat 40 req/s, llama-2-70b, h100", "h100-sxm", "chat-powerlaw", "chat", Target(rate_per_s=40)),
+    ("chat 200 req/s, llama-2-70b, h100", "h100-sxm", "chat-powerlaw", "chat", Target(rate_per_s=200)),
+    ("seed004 5M tok/min, llama-2-70b, h200", "h200", "seed004", "seed004", Target(tokens_per_min=5e6)),
+)
+
+
+def bench(label: str, cluster, requests, repeats: int) -> None:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run = simulate(cluster, requests)
+        best = min(best, time.perf_counter() - t0)
+    steps = sum(u.mean_batch_size > 0 for u in run.usage)
+    print(f"  {label:<46} {len(requests) / best:>9,.0f} requests/s  ({best:.2f} s for {len(requests):,}; "
+          f"{run.num_events / best:,.0f} events/s; {steps} batching instances)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--num-requests", type=int, default=50_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    model = get_model("llama-2-70b")
+    print(f"simulated requests per second (best of {args.repeats}):")
+    for label, hw_name, wl_name, slo_name, target in SCENARIOS:
+        hw, wl = load_hardware(hw_name), load_workload(wl_name)
+        plan = make_plan(PlanProblem(model, hw, wl, load_slo(slo_name), target, SearchSpace()),
+                         VerifyOptions(num_requests=3000))
+        opts = options_from_plan(plan)
+        requests = generate_requests(wl, plan.target.rate_per_s, args.num_requests, seed=1)
+        shape = f"{plan.prefill.num_instances}P{plan.decode.num_instances}D"
+        bench(f"{label}: disaggregated {shape}", disaggregated_cluster(model, hw, opts), requests, args.repeats)
+        bench(f"{label}: colocated, same GPUs", colocated_cluster(model, hw, opts), requests, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+import sys
+import types
+
+import pytest
+
+from trtpd.cli.main import main
+from trtpd.errors import ConfigError
+from trtpd.perf.hardware import load_hardware
+from trtpd.perf.profiling import (EngineLimits, ProfileGrid, batch_prompt_lens, feasible_grid, measure_profile,
+                                  with_measured)
+
+LIMITS = EngineLimits(prefill_max_num_tokens=2048, decode_max_batch_size=16, decode_max_seq_len=1600,
+                      decode_kv_capacity_tokens=16 * 600)
+
+
+def fake_prefill_s(lens):
+    return 0.001 + 1e-5 * sum(lens)
+
+
+def fake_decode_s(batch, ctx):
+    return 0.002 + 1e-4 * batch + 1e-7 * batch * ctx
+
+
+def test_batch_prompt_lens_split_evenly():
+    assert batch_prompt_lens(3000, 1024) == [1000, 1000, 1000]
+    assert batch_prompt_lens(100, 1024) == [100]
+    assert sum(batch_prompt_lens(2049, 1024)) == 2049
+
+
+def test_grid_respects_engine_limits():
+    tokens, batches, contexts = feasible_grid(ProfileGrid(), LIMITS)
+    assert max(tokens) <= 2048 and max(batches) <= 16
+    assert max(batches) * (max(contexts) + 1) <= LIMITS.decode_kv_capacity_tokens
+    with pytest.raises(ConfigError):
+        feasible_grid(ProfileGrid(prefill_num_tokens=(4096,)), LIMITS)
+
+
+def test_measured_profile_reproduces_the_measurements():
+    prof = measure_profile(fake_prefill_s, fake_decode_s, ProfileGrid(), LIMITS, "tiny-llama", "fp16")
+    assert prof.kv_capacity_tokens == 9600
+    for t, latency in zip(prof.prefill.num_tokens, prof.prefill.latency_s):
+        assert latency == pytest.approx(fake_prefill_s([t]))
+    for b, row in zip(prof.decode.batch_sizes, prof.decode.step_latency_s):
+        assert row == pytest.approx([fake_decode_s(b, c) for c in prof.decode.context_lens])
+    again = with_measured([prof], prof.model_copy(update={"host": "b"}))
+    assert len(again) == 1 and again[0].host == "b"
+
+
+def _engine_folder(path, role, **sizes):
+    from trtpd.engine.engine_config import EngineConfig
+    path.mkdir(parents=True)
+    EngineConfig(model="tiny-llama", role=role, kv_dtype="fp16", **sizes).save(path)
+
+
+def test_profile_cli_writes_the_hardware_profile(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "reference-fp16"
+    _engine_folder(root / "prefill-tp1", "prefill", max_batch_size=8, max_num_tokens=4096, max_input_len=1500,
+                   max_seq_len=1564, num_kv_blocks=800)
+    _engine_folder(root / "decode-tp1", "decode", max_batch_size=32, max_num_tokens=32, max_input_len=1500,
+                   max_seq_len=1564, num_kv_blocks=1600)
+    fake = types.ModuleType("trtpd.engine.profiling")
+    fake.measure_prefill_s = lambda engine_dir, lens, repeats=3: fake_prefill_s(lens)
+    fake.measure_decode_step_s = lambda engine_dir, batch, ctx, repeats=3: fake_decode_s(batch, ctx)
+    monkeypatch.setitem(sys.modules, "trtpd.engine.profiling", fake)
+    out = tmp_path / "cpu.yaml"
+    assert main(["profile", "--engine-dir", str(root), "--output", str(out), "--quick"]) == 0
+    hw = load_hardware(str(out))
+    (prof,) = hw.measured
+    assert prof.model == "tiny-llama" and prof.kv_capacity_tokens == 1600 * 32
+    assert prof.prefill.latency_s[0] == pytest.approx(fake_prefill_s([64]))
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_profile_cli_without_the_engine_hooks_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "trtpd.engine.profiling", None)   # import fails like a missing module
+    assert main(["profile", "--engine-dir", str(tmp_path)]) == 2
+    assert "trtpd.engine.profiling" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""`trtpd profile`: measure an engine's prefill and decode curves and write them into a hardware profile."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import platform
+from pathlib import Path
+
+from trtpd.errors import ConfigError
+from trtpd.perf.hardware import HARDWARE_DIR, load_hardware, save_hardware
+from trtpd.perf.profiling import EngineLimits, ProfileGrid, measure_profile, with_measured
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="measure prefill/decode latency curves into a hardware profile",
+                       description="Measure the engine's prefill latency vs batched tokens and decode step latency "
+                                   "vs batch size and context length, and write them into a hardware profile "
+                                   "(default: configs/hardware/cpu-reference.yaml) that `trtpd plan` and "
+                                   "`trtpd simulate` then use instead of the roofline.")
+    p.add_argument("--backend", choices=("reference",), default="reference")
+    p.add_argument("--engine-dir", type=Path, required=True,
+                   help="a reference build folder (with prefill-tp1/ and decode-tp1/) or one role's engine folder")
+    p.add_argument("--output", type=Path, default=HARDWARE_DIR / "cpu-reference.yaml",
+                   help="hardware profile to update (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
+    p.add_argument("--quick", action="store_true", help="a coarse grid (for a smoke test)")
+    p.set_defaults(func=run)
+
+
+def _engine_folders(engine_dir: Path) -> tuple[Path, Path]:
+    if (engine_dir / "config.json").is_file():
+        return engine_dir, engine_dir
+    prefill, decode = engine_dir / "prefill-tp1", engine_dir / "decode-tp1"
+    if not (prefill / "config.json").is_file() or not (decode / "config.json").is_file():
+        raise ConfigError(f"{engine_dir}: neither an engine folder (config.json) nor a build folder with "
+                          f"prefill-tp1/ and decode-tp1/; build one with `trtpd build --backend reference`")
+    return prefill, decode
+
+
+def _profiling_module():
+    try:
+        return importlib.import_module("trtpd.engine.profiling")
+    except ModuleNotFoundError as exc:
+        if exc.name == "trtpd.engine.profiling":
+            raise ConfigError("the reference engine's profiling hooks (trtpd.engine.profiling: measure_prefill_s, "
+                              "measure_decode_step_s) are not in this build yet; `trtpd profile` needs them") from None
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    from trtpd.engine.engine_config import EngineConfig
+
+    profiling = _profiling_module()
+    prefill_dir, decode_dir = _engine_folders(args.engine_dir)
+    pcfg, dcfg = EngineConfig.load(prefill_dir), EngineConfig.load(decode_dir)
+    limits = EngineLimits(prefill_max_num_tokens=pcfg.max_num_tokens, decode_max_batch_size=dcfg.max_batch_size,
+                          decode_max_seq_len=dcfg.max_seq_len,
+                          decode_kv_capacity_tokens=dcfg.num_kv_blocks * dcfg.tokens_per_block)
+    grid = ProfileGrid.quick() if args.quick else ProfileGrid()
+    print(f"profiling {pcfg.model} ({pcfg.kv_dtype.value} KV) on {platform.node() or 'this host'}: "
+          f"prefill from {prefill_dir}, decode from {decode_dir}", flush=True)
+    measured = measure_profile(
+        lambda lens: profiling.measure_prefill_s(prefill_dir, lens, repeats=args.repeats),
+        lambda batch, ctx: profiling.measure_decode_step_s(decode_dir, batch, ctx, repeats=args.repeats),
+        grid, limits, model=pcfg.model, kv_dtype=pcfg.kv_dtype.value, tp=pcfg.tp_size, backend=args.backend,
+        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        host=f"{platform.node()} ({platform.processor() or platform.machine()})",
+        progress=lambda line: print(f"  {line}", flush=True))
+    hardware = load_hardware(str(args.output)) if args.output.is_file() else load_hardware("cpu-reference")
+    hardware = hardware.model_copy(update={"measured": with_measured(hardware.measured, measured)})
+    save_hardware(hardware, args.output)
+    print(f"wrote {args.output} ({len(measured.prefill.num_tokens)} prefill points, "
+          f"{len(measured.decode.batch_sizes)} x {len(measured.decode.context_lens)} decode grid)")
+    return 0

@@ -1,0 +1,87 @@
+"""Measuring an engine's curves into a MeasuredProfile (the core of `trtpd profile`).
+
+The measuring functions are parameters (the reference engine's, or fakes in tests), so this module
+does no I/O itself. Prefill: latency vs batched prompt tokens; a point of T tokens is a batch of
+ceil(T / max_prompt_tokens) equal prompts (chat-like prompts, not one giant one). Decode: step latency
+over a grid of batch sizes x context lengths. Points the engine cannot run (beyond its
+max_num_tokens, max_batch_size, max_seq_len or KV pool) are left out, keeping the grid rectangular.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from trtpd.errors import ConfigError
+from trtpd.perf.measured import DecodeGrid, MeasuredProfile, PrefillCurve
+
+MeasurePrefill = Callable[[list[int]], float]          # prompt lengths of one batch -> seconds
+MeasureDecode = Callable[[int, int], float]            # (batch size, context tokens per sequence) -> seconds
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    prefill_num_tokens: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
+    max_prompt_tokens: int = 1024
+    decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    decode_context_lens: tuple[int, ...] = (64, 256, 1024)
+
+    @classmethod
+    def quick(cls) -> "ProfileGrid":
+        return cls((64, 256, 1024, 2048), 1024, (1, 4, 16), (64, 512))
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    prefill_max_num_tokens: int
+    decode_max_batch_size: int
+    decode_max_seq_len: int
+    decode_kv_capacity_tokens: int
+
+
+def batch_prompt_lens(num_tokens: int, max_prompt_tokens: int) -> list[int]:
+    count = math.ceil(num_tokens / max_prompt_tokens)
+    base, extra = divmod(num_tokens, count)
+    return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def feasible_grid(grid: ProfileGrid, limits: EngineLimits) -> tuple[list[int], list[int], list[int]]:
+    tokens = [t for t in grid.prefill_num_tokens if t <= limits.prefill_max_num_tokens]
+    batches = [b for b in grid.decode_batch_sizes if b <= limits.decode_max_batch_size]
+    contexts = [c for c in grid.decode_context_lens if c + 1 <= limits.decode_max_seq_len]
+    while batches and contexts and batches[-1] * (contexts[-1] + 1) > limits.decode_kv_capacity_tokens:
+        if len(contexts) > 1 and batches[-1] * (contexts[-2] + 1) <= limits.decode_kv_capacity_tokens:
+            contexts.pop()
+        else:
+            batches.pop()
+    if not tokens or not batches or not contexts:
+        raise ConfigError(f"the engine's limits ({limits}) leave no profile points; build it with larger "
+                          f"max_num_tokens / max_batch_size / KV pool")
+    return tokens, batches, contexts
+
+
+def measure_profile(measure_prefill_s: MeasurePrefill, measure_decode_step_s: MeasureDecode, grid: ProfileGrid,
+                    limits: EngineLimits, model: str, kv_dtype: str, tp: int = 1, backend: str = "reference",
+                    measured_at: str = "", host: str = "", progress: Progress = lambda _: None) -> MeasuredProfile:
+    tokens, batches, contexts = feasible_grid(grid, limits)
+    latencies = []
+    for t in tokens:
+        latencies.append(measure_prefill_s(batch_prompt_lens(t, grid.max_prompt_tokens)))
+        progress(f"prefill {t:>5} tokens: {latencies[-1] * 1e3:8.1f} ms")
+    steps = []
+    for b in batches:
+        row = [measure_decode_step_s(b, c) for c in contexts]
+        steps.append(row)
+        progress(f"decode batch {b:>3}: " + ", ".join(f"ctx {c} {s * 1e3:.1f} ms" for c, s in zip(contexts, row)))
+    return MeasuredProfile(model=model, tp=tp, kv_dtype=kv_dtype, backend=backend, measured_at=measured_at, host=host,
+                           kv_capacity_tokens=limits.decode_kv_capacity_tokens,
+                           prefill=PrefillCurve(num_tokens=tokens, latency_s=latencies),
+                           decode=DecodeGrid(batch_sizes=batches, context_lens=contexts, step_latency_s=steps))
+
+
+def with_measured(profiles: list[MeasuredProfile], new: MeasuredProfile) -> list[MeasuredProfile]:
+    """Replaces the entry for the same model, TP and KV dtype (or appends)."""
+    keep = [p for p in profiles if (p.model, p.tp, p.kv_dtype) != (new.model, new.tp, new.kv_dtype)]
+    return keep + [new]
