@@ -102,12 +102,13 @@ def run(args: argparse.Namespace) -> int:
           f"(TP{opts.tp_decode}) = {opts.num_gpus} GPUs; colocated: {num_colocated} x TP{opts.tp_decode} = "
           f"{num_colocated * opts.tp_decode} GPUs")
     out = {}
+    gpus = {"disaggregated": opts.num_gpus, "colocated": num_colocated * opts.tp_decode}
     for label, cluster in clusters.items():
         if args.find_goodput:
             g = max_goodput_rate_per_s(cluster, workload, slo.ttft_s, slo.tpot_s, slo.attainment,
                                        num_requests=min(args.num_requests, 4000), seed=args.seed,
                                        start_rate_per_s=rate or 1.0)
-            print(f"{label:<14} goodput: {g.rate_per_s:.3g} requests/s ({g.rate_per_s / opts.num_gpus:.3g} per GPU) "
+            print(f"{label:<14} goodput: {g.rate_per_s:.3g} requests/s ({g.rate_per_s / gpus[label]:.3g} per GPU) "
                   f"at {g.attainment:.1%} attainment, {len(g.probes)} simulations")
             out[f"{label}_goodput_per_s"] = g.rate_per_s
             continue

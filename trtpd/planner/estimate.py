@@ -83,7 +83,7 @@ class Config:
             return batch_p <= dm.max_batch_size and tpot_p <= tpot_slo_s and \
                 rate * self.link.transfer_s(self.link.stats.input.mean) < 1
         hi = dm.max_batch_size / (dm.steps_mean * dm.step_s(1.0))
-        return _bisect_max(ok, hi)
+        return bisect_max(ok, hi)
 
     def prefill_rate_max(self, ttft_budget_s: float, p: float) -> float:
         """Highest rate per prefill instance whose wait_p + own batch fits in ttft_budget_s."""
@@ -92,10 +92,10 @@ class Config:
         def ok(rate: float) -> bool:
             wait_p, own = pm.ttft_parts_s(rate, p)
             return wait_p + own <= ttft_budget_s
-        return _bisect_max(ok, pm.capacity_per_s())
+        return bisect_max(ok, pm.capacity_per_s())
 
 
-def _bisect_max(ok, hi: float) -> float:
+def bisect_max(ok, hi: float) -> float:
     """Largest x in (0, hi) with ok(x), assuming ok is monotone (true then false); 0 if none."""
     lo = 0.0
     if not ok(hi * 1e-6):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from trtpd.errors import ConfigError
 from trtpd.planner import seed004
 from trtpd.planner.plan import (DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan, TargetSummary,
                                 Verification, WorkloadSummary)
@@ -105,7 +106,7 @@ def _seed004_first_pass(problem: PlanProblem, result: SearchResult, choice: Choi
     out: dict[str, float] = {"tp_prefill_max_tokens_per_s": tp_prefill_max, "overhead_s": overhead_s}
     try:
         tp_prefill = seed004.prefill_throughput_under_ttft(tp_prefill_max, l_in, problem.slo.ttft_s, overhead_s)
-    except Exception:  # noqa: BLE001 - the seed's method has no answer here; say so in the plan
+    except ConfigError:   # the seed's method has no answer here (TTFT too tight); say so in the plan
         out["infeasible"] = 1.0
         return out
     batch = cd.max_batch_size

@@ -18,7 +18,8 @@ from trtpd.catalog import ModelSpec
 from trtpd.perf.hardware import HardwareProfile
 from trtpd.planner.candidates import (DecodeCandidate, PrefillCandidate, Rejected, decode_candidate,
                                       prefill_candidate, round_up)
-from trtpd.planner.estimate import Config, Estimate, _bisect_max
+from trtpd.planner.estimate import Config, Estimate, bisect_max
+from trtpd.planner.infeasible import infeasible_rate, no_candidates
 from trtpd.planner.inputs import SearchSpace, Slo, Target
 from trtpd.planner.role_models import KvLinkModel, WorkloadStats
 from trtpd.sim.workload import WorkloadSpec
@@ -138,7 +139,7 @@ class Planner:
 
         def ok(rate: float) -> bool:
             return cfg.estimate(num_p, num_d, rate, slo.ttft_s, slo.tpot_s, self.p).binding is None
-        return _bisect_max(ok, hi)
+        return bisect_max(ok, hi)
 
     def choice(self, cfg: Config, num_p: int, num_d: int, rate: float, kind: str) -> Choice:
         slo = self.problem.slo
@@ -194,28 +195,6 @@ class Planner:
         cfg, num_p, num_d = best
         return self.choice(cfg, num_p, num_d, best_rate, kind)
 
-    def min_ttft_s(self) -> float:
-        kind, best = self.link_kind(), math.inf
-        for cp in self.prefills:
-            for cd in self.decodes:
-                cfg = self.config(cp, cd, kind)
-                tiny = 1e-6
-                wait, own = cp.model.ttft_parts_s(tiny, self.p)
-                best = min(best, wait + own + cfg.decode_side_ttft_s(tiny, self.p))
-        return best
-
-    def min_tpot_s(self) -> float:
-        from trtpd.perf.model import instance_perf
-        from trtpd.planner.role_models import DecodeModel
-        p, best = self.problem, math.inf
-        for tp in p.space.tp_decode:
-            try:
-                inst = instance_perf(p.model, p.hardware, tp, p.space.weight_dtype, p.space.kv_dtype)
-            except Exception:  # noqa: BLE001 - an invalid TP is already listed in rejected
-                continue
-            best = min(best, DecodeModel(inst, self.stats, 1).step_s(1.0))
-        return best
-
 
 def plan_search(problem: PlanProblem) -> SearchResult:
     planner = Planner(problem)
@@ -224,7 +203,7 @@ def plan_search(problem: PlanProblem) -> SearchResult:
     result = SearchResult(planner.stats, planner.max_input_len, planner.max_seq_len, rate, None, False,
                           rejected=list(planner.rejected), planner=planner)
     if not planner.prefills or not planner.decodes:
-        return _no_candidates(planner, result)
+        return no_candidates(planner, result)
     if rate is None:
         if space.max_gpus is None:
             result.binding_constraint = "target"
@@ -237,7 +216,7 @@ def plan_search(problem: PlanProblem) -> SearchResult:
         return result
     found, failures = planner.for_rate(rate)
     if not found:
-        return _infeasible_rate(planner, result, failures)
+        return infeasible_rate(planner, result, failures)
     fewest = min(g for g, *_ in found)
     kind = planner.link_kind()
     tied = [planner.choice(cfg, n_p, n_d, rate, kind) for g, cfg, n_p, n_d in found if g == fewest]
@@ -253,28 +232,4 @@ def plan_search(problem: PlanProblem) -> SearchResult:
         result.choice = best
         return result
     result.choice, result.feasible = choice, True
-    return result
-
-
-def _no_candidates(planner: Planner, result: SearchResult) -> SearchResult:
-    roles = {r.role for r in planner.rejected}
-    if not planner.decodes and any(r.reason.startswith("TPOT") for r in planner.rejected):
-        result.binding_constraint = "tpot"
-        result.nearest_feasible = {"tpot_s": planner.min_tpot_s()}
-    else:
-        result.binding_constraint = "memory"
-    result.notes.append("no usable TP for " + " and ".join(sorted(roles)) + ": see rejected")
-    return result
-
-
-def _infeasible_rate(planner: Planner, result: SearchResult, failures: dict[str, int]) -> SearchResult:
-    binding = max(failures, key=failures.get) if failures else "unknown"
-    result.binding_constraint = binding
-    if binding == "ttft":
-        result.nearest_feasible = {"ttft_s": planner.min_ttft_s()}
-    elif binding == "tpot":
-        result.nearest_feasible = {"tpot_s": planner.min_tpot_s()}
-    elif binding == "instances":
-        limit = planner.problem.space.max_instances_per_role
-        result.notes.append(f"the rate needs more than {limit} instances of a role (max_instances_per_role)")
     return result

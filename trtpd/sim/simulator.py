@@ -76,8 +76,11 @@ class Simulator:
         self._round_robin = itertools.cycle(range(len(self._entry)))
         self._decode_round_robin = itertools.cycle(range(len(self.decodes) or 1))
         self._least_loaded = cluster.routing == "least_loaded"
-        entry_role = c.prefill.scheduler if c.mode == "disaggregated" else c.decode.scheduler
-        self._max_prompt_tokens = entry_role.max_num_tokens
+        if c.mode == "disaggregated":
+            assert c.prefill is not None
+            self._max_prompt_tokens = min(c.prefill.scheduler.max_num_tokens, c.prefill.kv_capacity_tokens)
+        else:
+            self._max_prompt_tokens = c.decode.scheduler.max_num_tokens
         self._max_seq_tokens = _blocks(c.decode.kv_capacity_tokens, tpb) * tpb
         self.num_rejected = 0
         self._first_token_at_prefill = cluster.first_token_at == "prefill"
