@@ -16,6 +16,7 @@ from trtpd.planner.inputs import SearchSpace, Target, load_slo
 from trtpd.planner.make import VerifyOptions, make_plan
 from trtpd.planner.search import PlanProblem
 from trtpd.sim.build import colocated_cluster, disaggregated_cluster, options_from_plan
+from trtpd.sim.metrics import summarize
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
 
@@ -27,15 +28,15 @@ SCENARIOS = (
 )
 
 
-def bench(label: str, cluster, requests, repeats: int) -> None:
+def bench(label: str, cluster, requests, repeats: int, slo) -> None:
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         run = simulate(cluster, requests)
         best = min(best, time.perf_counter() - t0)
-    steps = sum(u.mean_batch_size > 0 for u in run.usage)
-    print(f"  {label:<46} {len(requests) / best:>9,.0f} requests/s  ({best:.2f} s for {len(requests):,}; "
-          f"{run.num_events / best:,.0f} events/s; {steps} batching instances)")
+    attainment = summarize(run, slo.ttft_s, slo.tpot_s).slo_attainment
+    print(f"  {label:<52} {len(requests) / best:>7,.0f} requests/s  ({best:.2f} s for {len(requests):,}; "
+          f"{run.num_events / best:,.0f} events/s; SLO attainment {attainment:.0%})")
 
 
 def main() -> None:
@@ -52,8 +53,11 @@ def main() -> None:
         opts = options_from_plan(plan)
         requests = generate_requests(wl, plan.target.rate_per_s, args.num_requests, seed=1)
         shape = f"{plan.prefill.num_instances}P{plan.decode.num_instances}D"
-        bench(f"{label}: disaggregated {shape}", disaggregated_cluster(model, hw, opts), requests, args.repeats)
-        bench(f"{label}: colocated, same GPUs", colocated_cluster(model, hw, opts), requests, args.repeats)
+        slo = load_slo(slo_name)
+        bench(f"{label}: disaggregated {shape}", disaggregated_cluster(model, hw, opts), requests, args.repeats, slo)
+        num = max(1, opts.num_gpus // opts.tp_decode)
+        bench(f"{label}: colocated {num} x TP{opts.tp_decode}", colocated_cluster(model, hw, opts), requests,
+              args.repeats, slo)
 
 
 if __name__ == "__main__":

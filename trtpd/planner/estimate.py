@@ -70,6 +70,15 @@ class Config:
             binding = "ttft"
         return Estimate(rate_per_s, ttft, tpot_p, batch, batch_p, util, link_rho, binding)
 
+    def is_stable(self, num_prefill: int, num_decode: int, rate_per_s: float) -> bool:
+        """Hard capacity, independent of the SLOs: every queue drains (prefill utilization < 1 at
+        full batches, the decode fixed point under the batch cap, link utilization < 1). A short
+        simulation of an unstable configuration can still look fine; this check cannot be fooled."""
+        rate_p, rate_d = rate_per_s / num_prefill, rate_per_s / num_decode
+        batch, _ = self.decode.model.mean_batch(rate_d)
+        return (rate_p < self.prefill.model.capacity_per_s() and not math.isinf(batch)
+                and rate_d * self.link.transfer_s(self.link.stats.input.mean) < 1)
+
     def corrected(self, ttft_correction: float, tpot_correction: float) -> "Config":
         return replace(self, ttft_correction=ttft_correction, tpot_correction=tpot_correction)
 

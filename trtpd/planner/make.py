@@ -43,7 +43,9 @@ def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: 
     planner = result.planner
     assert planner is not None
     space = problem.space
-    requests = generate_requests(problem.workload, rate, options.num_requests, options.seed)
+    warmup_s = result.stats.output.max * problem.slo.tpot_s     # time for decode batches to fill
+    num_requests = options.num_requests + int(rate * warmup_s)
+    requests = generate_requests(problem.workload, rate, num_requests, options.seed)
     cfg, p = choice.config, problem.slo.attainment
 
     def analytic_q(counts: tuple[int, int]) -> tuple[float, float]:
@@ -56,7 +58,8 @@ def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: 
 
     verdict = verify(cfg.prefill, cfg.decode, (choice.num_prefill, choice.num_decode), cfg.link, requests,
                      problem.slo, space.tokens_per_block, space.first_token_at, analytic_q, propose,
-                     space.max_gpus, options.try_fewer, options.max_simulations)
+                     lambda c: cfg.is_stable(c[0], c[1], rate), space.max_gpus, options.try_fewer,
+                     options.max_simulations, warmup_s)
     if (verdict.num_prefill, verdict.num_decode) != (choice.num_prefill, choice.num_decode):
         result.notes.append(f"the simulator moved the analytic {choice.num_prefill}P{choice.num_decode}D to "
                             f"{verdict.num_prefill}P{verdict.num_decode}D")

@@ -6,6 +6,11 @@ solve the counts again with the corrected model. 3) Local search: a passing conf
 instance fewer per role; a failing one gets one more instance of the role that misses (TTFT misses
 caused by waiting for decode admission count against decode). Keep the passing configuration with
 the fewest GPUs. At most `max_simulations` runs, each on the same requests.
+
+Two guards against short simulations that look better than the steady state (decode batches
+take about the longest output x TPOT to fill): requests arriving in the first `warmup_s` are
+not measured, and no configuration the analytic model finds unstable (a queue that grows without
+bound) is tried, whatever a finite simulation says.
 """
 
 from __future__ import annotations
@@ -65,9 +70,9 @@ class Verdict:
     history: tuple[tuple[int, int, float], ...]    # (prefill, decode, attainment) per simulation
 
 
-def _trial(counts: Counts, run: SimRun, slo: Slo) -> Trial:
-    summary = summarize(run, slo.ttft_s, slo.tpot_s)
-    lat = latencies(run)
+def _trial(counts: Counts, run: SimRun, slo: Slo, warmup_s: float) -> Trial:
+    summary = summarize(run, slo.ttft_s, slo.tpot_s, warmup_s=warmup_s)
+    lat = latencies(run, warmup_s=warmup_s)
     ttft = np.where(np.isnan(lat.ttft_s), np.inf, lat.ttft_s)
     tpot = lat.tpot_s[~np.isnan(lat.tpot_s)]
     attainment = summary.slo_attainment or 0.0
@@ -80,7 +85,8 @@ def _trial(counts: Counts, run: SimRun, slo: Slo) -> Trial:
 def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, link: KvLinkModel,
            requests: RequestArrays, slo: Slo, tokens_per_block: int, first_token_at: str,
            analytic_q: Callable[[Counts], tuple[float, float]], propose: Propose | None = None,
-           max_gpus: int | None = None, try_fewer: bool = True, max_simulations: int = 5) -> Verdict:
+           is_stable: Callable[[Counts], bool] = lambda c: True, max_gpus: int | None = None,
+           try_fewer: bool = True, max_simulations: int = 5, warmup_s: float = 0.0) -> Verdict:
     trials: dict[Counts, Trial] = {}
     order: list[Counts] = []
 
@@ -90,12 +96,13 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
     def run(c: Counts) -> Trial:
         if c not in trials:
             cluster = cluster_for(prefill, decode, c[0], c[1], link, tokens_per_block, first_token_at)
-            trials[c] = _trial(c, simulate(cluster, requests, max_in_system=default_max_in_system(cluster)), slo)
+            run_ = simulate(cluster, requests, max_in_system=default_max_in_system(cluster))
+            trials[c] = _trial(c, run_, slo, warmup_s)
             order.append(c)
         return trials[c]
 
     def allowed(c: Counts) -> bool:
-        return min(c) >= 1 and (max_gpus is None or gpus(c) <= max_gpus) and c not in trials
+        return min(c) >= 1 and (max_gpus is None or gpus(c) <= max_gpus) and c not in trials and is_stable(c)
 
     first = run(counts)
     candidate = counts

@@ -9,6 +9,7 @@ requests meets it) is `trtpd.sim.goodput.max_goodput_rate_per_s`.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,9 +77,18 @@ class Latencies:
         return float(ok.mean()) if len(ok) else 0.0
 
 
-def latencies(run: SimRun, warmup_fraction: float = 0.1) -> Latencies:
+def measured_start(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0) -> int:
+    """Index of the first measured request: past the first warmup_fraction of requests and past
+    warmup_s of simulated time (e.g. the time decode batches need to fill: the longest output x TPOT)."""
+    arrival = run.records.arrival_s
+    by_count = int(len(arrival) * warmup_fraction)
+    by_time = bisect.bisect_left(arrival, arrival[0] + warmup_s) if arrival and warmup_s > 0 else 0
+    return min(max(by_count, by_time), max(len(arrival) - 1, 0))
+
+
+def latencies(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0) -> Latencies:
     r = run.records
-    start = int(len(r.arrival_s) * warmup_fraction)
+    start = measured_start(run, warmup_fraction, warmup_s)
     arrival = np.asarray(r.arrival_s[start:])
     first = np.asarray(r.first_token_s[start:])
     done_s = np.asarray(r.done_s[start:])
@@ -90,12 +100,12 @@ def latencies(run: SimRun, warmup_fraction: float = 0.1) -> Latencies:
 
 
 def summarize(run: SimRun, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
-              warmup_fraction: float = 0.1) -> SimSummary:
+              warmup_fraction: float = 0.1, warmup_s: float = 0.0) -> SimSummary:
     """Throughput counts completed requests over first arrival to last completion; goodput counts
     the requests that met the SLO over the arrival span (the offered rate x attainment)."""
     r = run.records
-    lat = latencies(run, warmup_fraction)
-    start = int(len(r.arrival_s) * warmup_fraction)
+    lat = latencies(run, warmup_fraction, warmup_s)
+    start = measured_start(run, warmup_fraction, warmup_s)
     arrival = np.asarray(r.arrival_s[start:])
     done_s = np.asarray(r.done_s[start:])
     n = len(arrival)

@@ -64,3 +64,25 @@ def test_slo_and_target_validation(tmp_path):
         load_slo(str(bad))
     assert str(bad) in str(err.value) and "ttft_s" in str(err.value)
     assert load_slo("seed004") == Slo(ttft_s=2.0, tpot_s=0.02, attainment=0.9)
+
+
+def test_verification_never_trims_into_an_unstable_configuration(chat_problem):
+    """A short simulation (7.5 s at 200 requests/s, shorter than decode batches take to fill) of too few
+    decode instances looks fine while their queue grows without bound; the stability check keeps
+    verification from trimming into such a configuration."""
+    from trtpd.planner.search import plan_search
+    from trtpd.planner.verify import verify
+    from trtpd.sim.workload import generate_requests
+    problem = chat_problem(200.0)
+    result = plan_search(problem)
+    c = result.choice
+    cfg = c.config
+    short = generate_requests(problem.workload, 200.0, 1500, seed=0)
+
+    def run(is_stable):
+        return verify(cfg.prefill, cfg.decode, (c.num_prefill, c.num_decode), cfg.link, short, problem.slo, 32,
+                      "decode", lambda counts: (1.0, 1.0), None, is_stable, max_simulations=8)
+    unguarded = run(lambda counts: True)
+    assert not cfg.is_stable(unguarded.num_prefill, unguarded.num_decode, 200.0)   # the trap is real
+    guarded = run(lambda counts: cfg.is_stable(counts[0], counts[1], 200.0))
+    assert cfg.is_stable(guarded.num_prefill, guarded.num_decode, 200.0)
