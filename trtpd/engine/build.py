@@ -28,6 +28,7 @@ from trtpd.engine.tokenizer import Tokenizer
 from trtpd.errors import ConfigError
 
 MAX_REFERENCE_PARAMS = 200_000_000
+ENGINE_FORMAT = 2   # bump when the engine folder's contents change, so old builds are rebuilt
 ROLES = (Role.PREFILL, Role.DECODE, Role.COLOCATED)
 Progress = Callable[[str], None]
 
@@ -64,7 +65,7 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
     root = build_root(engines_dir, model, dtype)
     inputs = {"model": model, "kv_dtype": dtype.value, "tokens_per_block": tokens_per_block,
               "max_input_len": max_input_len, "max_output_len": max_output_len, "seed": seed,
-              "trtpd_version": __version__}
+              "engine_format": ENGINE_FORMAT}
     dirs = [root / f"{role.value}-tp1" for role in ROLES]
     if not force and all(_manifest_matches(d, inputs) for d in dirs):
         say(f"up to date: {root} (inputs unchanged; pass --force to rebuild)")

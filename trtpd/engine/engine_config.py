@@ -44,8 +44,6 @@ class EngineConfig(BaseModel):
     bucket_boundaries_tokens: list[int] = Field(default_factory=lambda: [64, 256, 512, 1024, 2048])
     bucket_timeout_ms: float = Field(5.0, ge=0)
     min_batch_size: int = Field(2, ge=1)
-    # how long prefill holds a request's KV for decode to pull (TensorRT-LLM kv_transfer_timeout_ms)
-    kv_transfer_timeout_ms: int = Field(30000, gt=0)
 
     @model_validator(mode="after")
     def _check_sizes(self) -> "EngineConfig":

@@ -19,6 +19,7 @@ from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
 from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType
 from trtpd.engine.sampler import sample
+from trtpd.kv.errors import KvExportNotFoundError
 from trtpd.kv.pool import KvPool
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.prefill import PrefillRequest, PrefillScheduler, PrefillSchedulerConfig
@@ -32,13 +33,12 @@ class _Pending:
 
 class PrefillEngine:
     def __init__(self, config: EngineConfig, model: LlamaModel, pool: KvPool, exporter,
-                 clock: Callable[[], float] = time.monotonic, early_handles: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.model = model
         self.pool = pool
         self.exporter = exporter
         self.clock = clock
-        self.early_handles = early_handles
         self.allocator = BlockAllocator(pool.num_blocks, config.tokens_per_block)
         self.scheduler = PrefillScheduler(PrefillSchedulerConfig(
             bucket_boundaries_tokens=tuple(config.bucket_boundaries_tokens),
@@ -100,8 +100,8 @@ class PrefillEngine:
             item.block_ids = self.allocator.allocate(self.allocator.blocks_for(req.num_tokens))
             self.held_blocks[req.request_id] = item.block_ids
             handle = self.exporter.register(req.request_id, item.block_ids, req.num_tokens)
-            if self.early_handles:
-                outputs.append(EngineOutput(req.request_id, context_phase_params=handle,
+            if item.request.layerwise_kv_transfer:   # the request is answered; the KV follows layer by layer
+                outputs.append(EngineOutput(req.request_id, finished=True, context_phase_params=handle,
                                             perf={"prefill_queue_s": now - item.request.arrival_s}))
             chunks.append(SeqChunk(item.request.prompt_token_ids, 0, item.block_ids))
             pending.append(item)
@@ -120,7 +120,12 @@ class PrefillEngine:
         for row, item in enumerate(pending):
             req = item.request
             token = sample(logits[row], req.sampling, len(req.prompt_token_ids))
-            handle = self.exporter.complete(req.request_id, token)
+            try:
+                handle = self.exporter.complete(req.request_id, token)
+            except KvExportNotFoundError as exc:   # timed out or cancelled while the batch ran
+                outputs.append(EngineOutput(req.request_id, finished=True, finish_reason="error", error=str(exc),
+                                            error_kind="unavailable"))
+                continue
             self.num_completed += 1
             outputs.append(EngineOutput(
                 req.request_id, new_token_ids=[token], sequence_length=len(req.prompt_token_ids) + 1,

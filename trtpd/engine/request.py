@@ -35,6 +35,9 @@ class EngineRequest:
     streaming: bool = True
     context_phase_params: bytes | None = None
     arrival_s: float = 0.0
+    # context_only: answer with the handle as soon as the request is scheduled, so decode pulls the KV
+    # layer by layer while prefill computes (the first token then reaches decode with the KV)
+    layerwise_kv_transfer: bool = False
 
 
 @dataclass

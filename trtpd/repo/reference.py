@@ -20,6 +20,7 @@ from trtpd.repo.render import ModelPlan, render_repository
 MODES = ("disaggregated", "colocated")
 KV_TRANSPORTS = ("shm", "tcp")
 KEY_FILE = "kv.key"
+PERF_OUTPUTS = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class ReferenceDeployment:
     decode_instances: int = 1
     colocated_instances: int = 2
     bls_instances: int = 1
+    kv_transfer_timeout_ms: int = 30000   # prefill frees KV that decode has not pulled by then
+    kv_transfer: str = "layerwise"         # or "after_prefill" (TensorRT-LLM's semantics)
     max_batch_size: int = 64
     prefill_engine: Path | None = None   # override (e.g. a deliberately mismatched decode engine)
     decode_engine: Path | None = None
@@ -77,6 +80,7 @@ def repository_plan(dep: ReferenceDeployment, key_file: Path) -> list[ModelPlan]
         ModelPlan("postprocessing", "postprocessing", {**common, "tokenizer_dir": checkpoint, "instance_count": 1}),
         ModelPlan("disagg_bls", "disagg_bls", {**common, "mode": dep.mode, "context_model_name": "prefill",
                                                "generation_model_name": "decode", "colocated_model_name": "colocated",
+                                               "kv_transfer": dep.kv_transfer, "perf_outputs": ",".join(PERF_OUTPUTS),
                                                "instance_count": dep.bls_instances}),
         ModelPlan("ensemble", "ensemble", {**common, "preprocessing_model": "preprocessing",
                                            "bls_model": "disagg_bls", "postprocessing_model": "postprocessing"}),
@@ -84,7 +88,8 @@ def repository_plan(dep: ReferenceDeployment, key_file: Path) -> list[ModelPlan]
     for role in roles:
         plans.append(ModelPlan(role.value, "reference", {
             **common, "role": role.value, "engine_dir": engines[role], "kv_transport": dep.kv_transport,
-            "kv_key_file": key_file.resolve(), "num_threads": 1, "instance_count": counts[role]}))
+            "kv_key_file": key_file.resolve(), "kv_transfer_timeout_ms": dep.kv_transfer_timeout_ms,
+            "num_threads": 1, "instance_count": counts[role]}))
     return plans
 
 

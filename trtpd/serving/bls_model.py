@@ -1,20 +1,22 @@
 """Triton python model `disagg_bls`: the orchestrator in front of the role models.
 
-Disaggregated mode, per request (on its own thread):
-1. send the request to the prefill model with request_type=context_only (streaming, so its signed
-   context_phase_params arrive as soon as the batch is scheduled, before the KV is computed);
-2. on that handle, start the decode request (request_type=generation_only) on a second thread, so
-   decode pulls the KV layer by layer while prefill computes;
-3. stream prefill's first token to the client immediately (TensorRT-LLM's BLS does not: there the
-   first token waits for a generation hop), then the decode tokens after it (decode repeats the
-   first token, which is checked and dropped).
+Disaggregated mode, per request (on its own thread, one sub-request at a time):
+1. send the request to the prefill model with request_type=context_only;
+2. send a generation_only request with the returned context_phase_params to the decode model and
+   forward its streamed tokens.
+kv_transfer=layerwise (reference engines): prefill answers with the signed handle as soon as the
+batch is scheduled, so decode pulls the KV layer by layer while prefill still computes; decode
+then streams every token, the first one included. kv_transfer=after_prefill (TensorRT-LLM's
+semantics): prefill answers after it finished, with the first token, which is streamed at once
+(TensorRT-LLM's own BLS does not stream it); decode's repeat of it is checked and dropped.
+Sub-requests of one client request never overlap: Triton 2.51's python backend crashes the server
+(boost::interprocess::lock_exception) when two BLS requests of the same parent are in flight.
 A non-streaming request gets one response with all tokens. Colocated mode forwards the request to
 the colocated model. Errors from either side reach the client as a Triton error.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 
 import numpy as np
@@ -25,10 +27,8 @@ from trtpd.serving.pb import error_response, model_parameters, tensor
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temperature",
              "runtime_top_k", "runtime_top_p", "seed")
-ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params", "prefill_queue_ms",
-                "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms"]
+ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params"]
 PERF_NAMES = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
-_DONE = object()
 
 
 class BlsError(Exception):
@@ -54,13 +54,17 @@ class _Job:
     def __init__(self, request) -> None:
         self.request = request
         self.sender = request.get_response_sender()
-        self.inputs = {n: t for n in FORWARDED if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None}
+        # Plain arrays, not the request's pb_utils.Tensor objects: a tensor handed to two BLS requests that
+        # run at once (prefill and decode overlap) shares one shared-memory buffer between them, and the
+        # python backend frees it twice.
+        self.inputs = {n: t.as_numpy().copy() for n in FORWARDED
+                       if (t := pb_utils.get_input_tensor_by_name(request, n)) is not None}
         streaming = pb_utils.get_input_tensor_by_name(request, "streaming")
         self.streaming = bool(streaming is not None and streaming.as_numpy().reshape(-1)[0])
-        self.max_tokens = int(self.inputs["request_output_len"].as_numpy().reshape(-1)[0])
+        self.max_tokens = int(self.inputs["request_output_len"].reshape(-1)[0])
         end = self.inputs.get("end_id")
-        self.end_id = None if end is None else int(end.as_numpy().reshape(-1)[0])
-        self.prompt_len = int(self.inputs["input_lengths"].as_numpy().reshape(-1)[0])
+        self.end_id = None if end is None or int(end.reshape(-1)[0]) < 0 else int(end.reshape(-1)[0])
+        self.prompt_len = int(self.inputs["input_lengths"].reshape(-1)[0])
         self.tokens: list[int] = []
         self.perf: dict[str, np.ndarray] = {}
         self.finished = False
@@ -101,19 +105,27 @@ class DisaggBls:
         self.context_model = params.get("context_model_name", "prefill")
         self.generation_model = params.get("generation_model_name", "decode")
         self.colocated_model = params.get("colocated_model_name", "colocated")
+        self.kv_transfer = params.get("kv_transfer", "after_prefill")
+        # TensorRT-LLM role models have no perf outputs; ask only for what the role models declare
+        extra = [n for n in params.get("perf_outputs", "").split(",") if n]
+        self.requested_outputs = ROLE_OUTPUTS + extra
         if self.mode not in ("disaggregated", "colocated"):
             raise ValueError(f"disagg_bls: parameter mode={self.mode!r}; use disaggregated or colocated")
+        if self.kv_transfer not in ("layerwise", "after_prefill"):
+            raise ValueError(f"disagg_bls: parameter kv_transfer={self.kv_transfer!r}; use layerwise or after_prefill")
+        if set(extra) - set(PERF_NAMES):
+            raise ValueError(f"disagg_bls: unknown perf_outputs {sorted(set(extra) - set(PERF_NAMES))}")
 
     def execute(self, requests):
         for request in requests:
             threading.Thread(target=self._serve, args=(request,), daemon=True).start()
         return None
 
-    def _sub_request(self, job: _Job, model: str, request_type: str | None, extra: list) -> object:
-        inputs = list(job.inputs.values()) + [tensor("streaming", np.array([[True]], dtype=np.bool_))] + extra
-        params = {"request_type": request_type} if request_type else {}
-        return pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=ROLE_OUTPUTS,
-                                         parameters=params)
+    def _sub_request(self, job: _Job, model: str, params: dict, extra: list) -> object:
+        inputs = [tensor(name, value) for name, value in job.inputs.items()]
+        inputs += [tensor("streaming", np.array([[True]], dtype=np.bool_))] + extra
+        return pb_utils.InferenceRequest(model_name=model, inputs=inputs, parameters=params,
+                                         requested_output_names=self.requested_outputs)
 
     def _serve(self, request) -> None:
         try:
@@ -139,55 +151,45 @@ class DisaggBls:
                 job.perf[name] = outputs[name]
 
     def _colocated(self, job: _Job) -> None:
-        for response in self._sub_request(job, self.colocated_model, None, []).exec(decoupled=True):
+        for response in self._sub_request(job, self.colocated_model, {}, []).exec(decoupled=True):
             outputs = _outputs(response)
             self._keep_perf(job, outputs)
             job.send_tokens(_tokens(outputs))
 
     def _disaggregated(self, job: _Job) -> None:
-        decode_queue: queue.Queue = queue.Queue()
-        decode_thread = None
-        first_token = None
-        for response in self._sub_request(job, self.context_model, "context_only", []).exec(decoupled=True):
+        params = {"request_type": "context_only"}
+        if self.kv_transfer == "layerwise":
+            params["layerwise_kv_transfer"] = True
+        handle, first_token = None, None
+        for response in self._sub_request(job, self.context_model, params, []).exec(decoupled=True):
             outputs = _outputs(response)
             self._keep_perf(job, outputs)
-            handle = outputs.get("context_phase_params")
-            if decode_thread is None and handle is not None:
-                decode_thread = threading.Thread(target=self._decode, args=(job, handle, decode_queue), daemon=True)
-                decode_thread.start()
+            handle = outputs.get("context_phase_params", handle)
             tokens = _tokens(outputs)
             if tokens and first_token is None:
                 first_token = tokens[0]
                 job.send_tokens([first_token])
-        if decode_thread is None:
+        if handle is None:
             raise BlsError(f"{self.context_model} returned no context_phase_params", "internal")
-        skipped_first = False
-        while True:
-            item = decode_queue.get()
-            if item is _DONE:
-                break
-            if isinstance(item, BlsError):
-                raise item
-            self._keep_perf(job, item)
-            tokens = _tokens(item)
-            if tokens and not skipped_first:
-                skipped_first = True
-                if first_token is not None and tokens[0] != first_token:
+        # With request_output_len 1 prefill's token is the whole answer, but decode still pulls the KV
+        # (and sends nothing more), so prefill frees it at once instead of at the transfer timeout.
+        extra = [tensor("context_phase_params", handle.reshape(1, -1).astype(np.uint8))]
+        skip_first = first_token is not None
+        responses = self._sub_request(job, self.generation_model, {"request_type": "generation_only"},
+                                      extra).exec(decoupled=True)
+        for response in responses:
+            if not job.finished and job.sender.is_cancelled():   # the client went away: stop decoding
+                cancel = getattr(responses, "cancel", None)
+                if cancel is not None:
+                    cancel()
+                job.finished = True
+                return
+            outputs = _outputs(response)
+            self._keep_perf(job, outputs)
+            tokens = _tokens(outputs)
+            if tokens and skip_first:
+                skip_first = False
+                if tokens[0] != first_token:
                     raise BlsError(f"decode's first token {tokens[0]} differs from prefill's {first_token}", "internal")
                 tokens = tokens[1:]
             job.send_tokens(tokens)
-        decode_thread.join()
-
-    def _decode(self, job: _Job, handle: np.ndarray, out: queue.Queue) -> None:
-        try:
-            extra = [tensor("context_phase_params", handle.reshape(1, -1).astype(np.uint8))]
-            for response in self._sub_request(job, self.generation_model, "generation_only", extra).exec(decoupled=True):
-                outputs = _outputs(response)
-                if outputs:
-                    out.put(outputs)
-        except BlsError as exc:
-            out.put(exc)
-        except Exception as exc:
-            out.put(BlsError(f"{self.generation_model}: {type(exc).__name__}: {exc}", "internal"))
-        finally:
-            out.put(_DONE)

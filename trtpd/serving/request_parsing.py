@@ -74,4 +74,11 @@ def parse_request(get: GetInput, parameters: dict, request_id: str, arrival_s: f
         end_id=None if end_id is None or int(end_id) < 0 else int(end_id),
         streaming=bool(_scalar(get, "streaming", False)),
         context_phase_params=None if blob is None else np.asarray(blob, dtype=np.uint8).reshape(-1).tobytes(),
-        arrival_s=arrival_s)
+        arrival_s=arrival_s, layerwise_kv_transfer=_flag(parameters, "layerwise_kv_transfer"))
+
+
+def _flag(parameters: dict, name: str) -> bool:
+    value = parameters.get(name, False)
+    if isinstance(value, str):
+        return value.lower() in ("1", "true", "yes")
+    return bool(value)

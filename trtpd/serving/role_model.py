@@ -54,9 +54,13 @@ class RoleModel:
         self.model_name = args["model_name"]
         self.role = Role(params["role"])
         kv = KvTransferOptions(transport=params.get("kv_transport", "shm"),
-                               key_file=Path(params["kv_key_file"]) if params.get("kv_key_file") else None)
+                               key_file=Path(params["kv_key_file"]) if params.get("kv_key_file") else None,
+                               timeout_ms=int(params.get("kv_transfer_timeout_ms") or 30000))
         self.loaded = load_engine(Path(params["engine_dir"]), kv, self.role)
         self.active: dict[str, _Active] = {}
+        # One lock over `active` and every response-sender call: a sender must never be asked
+        # is_cancelled() after its FINAL response went out (tritonserver dereferences the freed
+        # response factory and crashes), and senders are not safe to use from two threads at once.
         self.lock = threading.Lock()
         self.metrics = RoleMetrics(self.model_name, args.get("model_version", "1"))
         self.loop = EngineLoop(self.loaded.engine, self._on_output, name=f"{self.model_name}-engine")
@@ -69,7 +73,8 @@ class RoleModel:
         now = time.monotonic()
         for request in requests:
             sender = request.get_response_sender()
-            request_id = request.request_id() or uuid.uuid4().hex
+            client_id = request.request_id()   # the client's id, kept readable; the suffix makes it unique
+            request_id = f"{client_id}-{uuid.uuid4().hex[:8]}" if client_id else uuid.uuid4().hex
             try:
                 req = parse_request(input_getter(request), parse_parameters(request.parameters()), request_id, now)
                 self.loaded.engine.validate(req)
@@ -77,23 +82,23 @@ class RoleModel:
                 sender.send(error_response(str(exc), getattr(exc, "kind", "invalid_arg")), flags=FINAL)
                 continue
             with self.lock:
-                if request_id in self.active:
-                    request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-                    req.request_id = request_id
                 self.active[request_id] = _Active(sender, req.streaming)
             self.loop.submit(req)
         return None
 
     # ---- outputs out ----------------------------------------------------------------------
     def _on_output(self, out: EngineOutput) -> None:
-        with self.lock:
-            active = self.active.get(out.request_id)
-            if active is not None and out.finished:
-                del self.active[out.request_id]
-        if active is None:
-            return
         if "kv_transfer_s" in out.perf:
             self.metrics.record_transfer(out.perf["kv_transfer_s"])
+        with self.lock:
+            active = self.active.get(out.request_id)
+            if active is None:
+                return
+            if out.finished:
+                del self.active[out.request_id]
+            self._deliver(active, out)
+
+    def _deliver(self, active: _Active, out: EngineOutput) -> None:
         if out.error is not None:
             active.sender.send(error_response(out.error, out.error_kind), flags=FINAL)
             return
@@ -124,7 +129,7 @@ class RoleModel:
     # ---- cancellation and metrics ---------------------------------------------------------
     def _watch(self) -> None:
         last_metrics = 0.0
-        while not self._stop.wait(0.02):
+        while not self._stop.wait(0.05):
             with self.lock:
                 cancelled = [rid for rid, a in self.active.items() if a.sender.is_cancelled()]
                 for rid in cancelled:

@@ -25,6 +25,8 @@ from pathlib import Path
 from trtpd.errors import TrtpdError
 
 SHM_DIR = Path("/dev/shm")
+SHM_POOL_BYTES = 64 << 20
+SHM_GROWTH_BYTES = 16 << 20
 
 
 class ServerError(TrtpdError):
@@ -176,6 +178,10 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
            f"--metrics-address={host}", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
            f"--metrics-port={ports.metrics}", "--disable-auto-complete-config",
            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+           # Start each stub's shared-memory pool large enough that it never grows under load: growing it
+           # while several BLS requests are in flight crashes the python backend of this Triton release.
+           f"--backend-config=python,shm-default-byte-size={SHM_POOL_BYTES}",
+           f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
            "--metrics-config=summary_latencies=true", "--log-verbose=0", *(extra_args or [])]
     with open(log_path, "ab") as log:
         log.write(("\n$ " + " ".join(cmd) + "\n").encode())
