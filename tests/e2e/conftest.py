@@ -1,0 +1,183 @@
+"""End-to-end tier: the real tritonserver binary with the rendered repository, real role processes,
+real KV transport. Deployments start once per session and stop at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import time
+import urllib.error
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from trtpd.bench.client import BenchRequest, run_stream
+from trtpd.repo.reference import ReferenceDeployment, render_reference_repository
+from trtpd.serving import deployment
+from trtpd.serving.tritonserver import start_server, stop_server, wait_ready
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="session")
+def trtpd_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("trtpd-home")
+    old = os.environ.get("TRTPD_HOME")
+    os.environ["TRTPD_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("TRTPD_HOME", None)
+    else:
+        os.environ["TRTPD_HOME"] = old
+
+
+class Server:
+    """A running deployment plus the client calls the tests make."""
+
+    def __init__(self, server, name: str):
+        self.server = server
+        self.name = name
+
+    @property
+    def grpc_url(self) -> str:
+        return self.server.grpc_url
+
+    def generate(self, body: dict, stream: bool = False) -> tuple[int, list[dict]]:
+        path = "generate_stream" if stream else "generate"
+        req = urllib.request.Request(f"http://{self.server.http_url}/v2/models/ensemble/{path}",
+                                     data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                status, text = resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, [json.loads(exc.read().decode() or "{}")]
+        if stream:
+            return status, [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+        return status, [json.loads(text)]
+
+    def stream(self, prompts: dict[str, str], max_tokens: int, timeout_s: float = 300.0):
+        reqs = [BenchRequest(rid, text, max_tokens, 0.0) for rid, text in prompts.items()]
+        return {r.request_id: r for r in run_stream(self.grpc_url, reqs, timeout_s=timeout_s)}
+
+    def call(self, model: str, tensors: dict[str, np.ndarray], parameters: dict | None = None,
+             timeout_s: float = 60.0) -> list:
+        """One request on a decoupled model over the gRPC stream; returns its responses (or raises)."""
+        responses: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        inputs = []
+        for name, value in tensors.items():
+            dtype = {np.int32: "INT32", np.uint8: "UINT8", np.bool_: "BOOL", np.object_: "BYTES",
+                     np.int64: "INT64", np.float32: "FP32"}[value.dtype.type]
+            t = grpcclient.InferInput(name, list(value.shape), dtype)
+            t.set_data_from_numpy(value)
+            inputs.append(t)
+        client.async_stream_infer(model, inputs, request_id="e2e", parameters=parameters or {},
+                                  enable_empty_final_response=True)
+        out = []
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                result, error = responses.get(timeout=max(0.1, deadline - time.monotonic()))
+                if error is not None:
+                    raise RuntimeError(str(error))
+                out.append(result)
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return out
+            raise TimeoutError(f"{model}: no final response in {timeout_s} s")
+        finally:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+
+    def metrics(self) -> dict[tuple, float]:
+        text = urllib.request.urlopen(self.server.metrics_url, timeout=5).read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("#") or "{" not in line:
+                continue
+            name = line[:line.index("{")]
+            labels = line[line.index("{") + 1:line.rindex("}")]
+            fields = tuple(sorted(tuple(p.split("=", 1)) for p in labels.split(",") if "=" in p))
+            values[(name, tuple((k, v.strip('"')) for k, v in fields))] = float(line.rsplit(" ", 1)[1])
+        return values
+
+    def kv_blocks(self, model: str, kind: str = "free") -> float:
+        for (name, labels), value in self.metrics().items():
+            d = dict(labels)
+            if name == "nv_trt_llm_kv_cache_block_metrics" and d.get("model") == model \
+                    and d.get("kv_cache_block_type") == kind:
+                return value
+        raise KeyError(f"no KV block metric for {model}/{kind}")
+
+    def wait_blocks(self, model: str, expected: float, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline:
+            last = self.kv_blocks(model)
+            if last == expected:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{model}: {last} free KV blocks after {timeout_s} s, expected {expected}")
+
+
+def _up(name: str, spec: ReferenceDeployment) -> Server:
+    dep = deployment.up(name, spec, replace=True)
+    return Server(dep.server, name)
+
+
+@pytest.fixture(scope="session")
+def fp16_disagg(trtpd_home, fp16_root):
+    srv = _up("e2e-fp16-disagg", ReferenceDeployment(fp16_root, mode="disaggregated"))
+    yield srv
+    deployment.down(srv.name)
+
+
+@pytest.fixture(scope="session")
+def fp16_coloc(trtpd_home, fp16_root):
+    srv = _up("e2e-fp16-coloc", ReferenceDeployment(fp16_root, mode="colocated", colocated_instances=2))
+    yield srv
+    deployment.down(srv.name)
+
+
+@pytest.fixture(scope="session")
+def fp8_disagg(trtpd_home, fp8_root):
+    srv = _up("e2e-fp8-disagg", ReferenceDeployment(fp8_root, mode="disaggregated", kv_transport="tcp"))
+    yield srv
+    deployment.down(srv.name)
+
+
+@pytest.fixture(scope="session")
+def fp8_coloc(trtpd_home, fp8_root):
+    srv = _up("e2e-fp8-coloc", ReferenceDeployment(fp8_root, mode="colocated", colocated_instances=1))
+    yield srv
+    deployment.down(srv.name)
+
+
+@pytest.fixture(scope="session")
+def mismatched(trtpd_home, fp16_root, fp8_root, tmp_path_factory):
+    """fp16 prefill + fp8 decode (forced past the render-time check) with a short KV timeout."""
+    spec = ReferenceDeployment(fp16_root, decode_engine=fp8_root / "decode-tp1", kv_transfer_timeout_ms=1500)
+    folder = tmp_path_factory.mktemp("mismatch")
+    repo = render_reference_repository(spec, folder / "repo", check_compatibility=False)
+    server = start_server(repo, folder)
+    try:
+        wait_ready(server, 180)
+        yield Server(server, "mismatch")
+    finally:
+        stop_server(server)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(fp16_root):
+    from trtpd.engine.checkpoint import load_checkpoint
+    return load_checkpoint(fp16_root / "checkpoint").load_tokenizer()
+
+
+def with_id(req: BenchRequest, rid: str) -> BenchRequest:
+    return replace(req, request_id=rid)
