@@ -22,7 +22,7 @@ from trtpd.kv.layout import KvLayout
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = 1
 
-Role = Literal["prefill", "decode"]
+Role = Literal["prefill", "decode", "colocated"]   # colocated: the reference backend's one-model baseline
 Backend = Literal["tensorrtllm", "reference"]
 Status = Literal["planned", "building", "complete", "failed"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from pathlib import Path
 
@@ -129,14 +128,9 @@ def _run_reference(args, fp8, dtype) -> int:
         print(f"would run: build_reference({args.model!r}, {str(args.engines_dir)!r}, {shown})")
         print("dry run: nothing was written")
         return 0
-    try:
-        from trtpd.engine.build import build_reference
-    except ImportError as exc:
-        raise TrtpdError(f"the reference backend is not available in this checkout ({exc}); "
-                         f"use --backend tensorrtllm --dry-run to see the GPU plan") from None
-    if "progress" in inspect.signature(build_reference).parameters:
-        kwargs["progress"] = lambda line: print(line, flush=True)
-    dirs = build_reference(args.model, args.engines_dir, **kwargs)
+    from trtpd.engine.build import build_reference
+
+    dirs = build_reference(args.model, args.engines_dir, progress=lambda line: print(line, flush=True), **kwargs)
     for d in dirs:
         print(d)
     _lint_reference(dirs)

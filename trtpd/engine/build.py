@@ -9,7 +9,7 @@ Rebuilding with the same inputs is skipped (the manifest records them); `force` 
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 import shutil
 import tempfile
 import time
@@ -19,9 +19,12 @@ from pathlib import Path
 import torch
 
 from trtpd import __version__
-from trtpd.catalog import KvDtype, get_model
+from trtpd.catalog import KvDtype, ModelSpec, get_model
 from trtpd.engine import corpus
-from trtpd.engine.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, write_checkpoint
+from trtpd.build.execute import now_iso
+from trtpd.build.manifest import (BuildInputs, EngineBuildConfig, EngineManifest, FileChecksum, ModelShape, StepRecord,
+                                  load_manifest, write_manifest)
+from trtpd.engine.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_checkpoint, write_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role, role_defaults
 from trtpd.engine.model import FP8_MAX, LlamaModel, init_weights
 from trtpd.engine.tokenizer import Tokenizer
@@ -64,12 +67,8 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
                           f"max_position_embeddings ({spec.max_position_embeddings}); lower --max-input-len or --max-output-len")
     root = build_root(engines_dir, model, dtype)
     inputs = {"model": model, "kv_dtype": dtype.value, "tokens_per_block": tokens_per_block,
-              "max_input_len": max_input_len, "max_output_len": max_output_len, "seed": seed,
-              "engine_format": ENGINE_FORMAT}
+              "max_input_len": max_input_len, "max_output_len": max_output_len, "seed": seed}
     dirs = [root / f"{role.value}-tp1" for role in ROLES]
-    if not force and all(_manifest_matches(d, inputs) for d in dirs):
-        say(f"up to date: {root} (inputs unchanged; pass --force to rebuild)")
-        return dirs
     configs = {}
     for role in ROLES:  # validate every engine config before writing anything
         try:
@@ -78,6 +77,9 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
                                          **role_defaults(role, max_input_len, max_output_len, tokens_per_block))
         except ValueError as exc:
             raise ConfigError(f"cannot build {model} {role.value} engine: {exc}") from None
+    if not force and all(_manifest_matches(root / f"{r.value}-tp1", _manifest(c, spec, inputs)) for r, c in configs.items()):
+        say(f"up to date: {root} (inputs unchanged; pass --force to rebuild)")
+        return dirs
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     staging.chmod(0o755)
@@ -90,12 +92,14 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
         k_scales, v_scales = _kv_scales(spec, weights, tokenizer, dtype)
         write_checkpoint(staging / "checkpoint", spec, weights, tokenizer, dtype, k_scales, v_scales, seed)
         say(f"[3/3] engines: {', '.join(r.value for r in ROLES)} (kv {dtype.value}, tokens_per_block {tokens_per_block})")
-        checksums = {name: _sha256(staging / "checkpoint" / name) for name in (WEIGHTS_FILE, TOKENIZER_FILE)}
+        digest = load_checkpoint(staging / "checkpoint").layout(tokens_per_block).scales_digest
+        checkpoint_files = [staging / "checkpoint" / n for n in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)]
         for role, config in configs.items():
             out = staging / f"{role.value}-tp1"
             out.mkdir()
             config.save(out)
-            _write_manifest(out, config, inputs, checksums, time.perf_counter() - started)
+            sums = _checksums(out, [out / "config.json", *checkpoint_files])
+            write_manifest(_manifest(config, spec, inputs, digest, sums, time.perf_counter() - started), out)
         if root.exists():
             shutil.rmtree(root)
         staging.rename(root)
@@ -121,27 +125,38 @@ def _kv_scales(spec, weights, tokenizer: Tokenizer, dtype: KvDtype) -> tuple[lis
     return [a / FP8_MAX for a in k_amax], [a / FP8_MAX for a in v_amax]
 
 
-def _write_manifest(out: Path, config: EngineConfig, inputs: dict, checksums: dict, seconds: float) -> None:
-    command = (f"trtpd build --backend reference --model {inputs['model']} --kv-dtype {inputs['kv_dtype']} "
-               f"--tokens-per-block {inputs['tokens_per_block']} --max-input-len {inputs['max_input_len']} "
-               f"--max-output-len {inputs['max_output_len']}")
-    manifest = {
-        "backend": "reference", "model": config.model, "role": config.role.value, "tp_size": 1, "pp_size": 1,
-        "status": "built", "inputs": inputs, "commands": [command],
-        "build_config": config.model_dump(mode="json"),
-        "versions": {"trtpd": __version__, "torch": torch.__version__},
-        "checksums": {"checkpoint/" + k: v for k, v in checksums.items()} | {"config.json": _sha256(out / "config.json")},
-        "build_seconds": round(seconds, 3),
-    }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+def _manifest(config: EngineConfig, spec: ModelSpec, inputs: dict, scales_digest: str | None = None,
+              checksums: list[FileChecksum] | None = None, seconds: float | None = None) -> EngineManifest:
+    """The engine's manifest in the schema both backends share (trtpd/build/manifest.py)."""
+    argv = ["trtpd", "build", "--backend", "reference", "--model", inputs["model"], "--kv-dtype", inputs["kv_dtype"],
+            "--tokens-per-block", str(inputs["tokens_per_block"]), "--max-input-len", str(inputs["max_input_len"]),
+            "--max-output-len", str(inputs["max_output_len"]), "--seed", str(inputs["seed"])]
+    done = checksums is not None
+    return EngineManifest(
+        backend="reference", role=config.role.value, model=ModelShape.of(spec),
+        build_config=EngineBuildConfig(
+            kv_dtype=config.kv_dtype, tokens_per_block=config.tokens_per_block, max_batch_size=config.max_batch_size,
+            max_num_tokens=config.max_num_tokens, max_input_len=config.max_input_len, max_seq_len=config.max_seq_len,
+            max_beam_width=config.max_beam_width, tp_size=1, pp_size=1),
+        inputs=BuildInputs(model_source=inputs["model"], checkpoint_dir=config.checkpoint_dir, weights_dtype="float32",
+                           kv_cache_quant_algo="FP8" if config.kv_dtype is KvDtype.FP8 else "none"),
+        kv_scales_digest=scales_digest,
+        steps=[StepRecord(name="reference-build", argv=argv, output_dir=".", status="ok" if done else "planned",
+                          duration_s=None if seconds is None else round(seconds, 3))],
+        versions={"trtpd": __version__, "torch": torch.__version__, "engine_format": str(ENGINE_FORMAT)},
+        checksums=checksums or [], status="complete" if done else "planned", updated_at=now_iso() if done else None)
 
 
-def _manifest_matches(engine_folder: Path, inputs: dict) -> bool:
-    path = engine_folder / "manifest.json"
-    if not path.is_file() or not (engine_folder / "config.json").is_file():
+def _checksums(engine_folder: Path, files: list[Path]) -> list[FileChecksum]:
+    return [FileChecksum(path=os.path.relpath(f, engine_folder), sha256=_sha256(f), size_bytes=f.stat().st_size)
+            for f in files]
+
+
+def _manifest_matches(engine_folder: Path, expected: EngineManifest) -> bool:
+    if not (engine_folder / "config.json").is_file():
         return False
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        existing = load_manifest(engine_folder)
+    except ConfigError:
         return False
-    return manifest.get("status") == "built" and manifest.get("inputs") == inputs
+    return existing.status == "complete" and existing.inputs_digest() == expected.inputs_digest()

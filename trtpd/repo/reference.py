@@ -8,13 +8,14 @@ the same wiring. The deployment's KV signing key is generated next to the reposi
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from trtpd.engine.build import engine_dir
-from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role
 from trtpd.errors import ConfigError
+from trtpd.lint import lint_repository
 from trtpd.repo.render import ModelPlan, render_repository
 
 MODES = ("disaggregated", "colocated")
@@ -51,14 +52,12 @@ class ReferenceDeployment:
 
 
 def check_pair(prefill: Path, decode: Path) -> list[str]:
-    """KV compatibility of two reference engines (the lint rules the decode side enforces at runtime)."""
-    configs = [EngineConfig.load(prefill), EngineConfig.load(decode)]
-    layouts = [load_checkpoint(c.checkpoint_path(p)).layout(c.tokens_per_block) for c, p in zip(configs, (prefill, decode))]
-    problems = layouts[0].mismatches(layouts[1])
-    if configs[1].max_input_len < configs[0].max_input_len:
-        problems.append(f"decode max_input_len {configs[1].max_input_len} < prefill max_input_len "
-                        f"{configs[0].max_input_len}: decode would refuse the longest prompts; rebuild decode")
-    return problems
+    """`trtpd lint`'s engine-pair rules (KV dtype, tokens_per_block, shapes, FP8 scales, lengths), as messages."""
+    from trtpd.build.manifest import load_manifest
+    from trtpd.lint import lint_engine_pair
+
+    return [f"[{f.rule}] {f.message}; fix: {f.fix}" for f in
+            lint_engine_pair(load_manifest(prefill), load_manifest(decode)) if f.severity == "error"]
 
 
 def repository_plan(dep: ReferenceDeployment, key_file: Path) -> list[ModelPlan]:
@@ -105,6 +104,11 @@ def render_reference_repository(dep: ReferenceDeployment, out_dir: Path, *, over
     key_file = out_dir.parent / f"{out_dir.name}.{KEY_FILE}"
     plans = repository_plan(dep, key_file)
     render_repository(plans, out_dir, overwrite=overwrite)
+    problems = [f"[{f.rule}] {f.subject}: {f.message}; fix: {f.fix}" for f in lint_repository(out_dir)
+                if f.severity == "error"]
+    if problems:
+        shutil.rmtree(out_dir)
+        raise ConfigError(f"{out_dir}: the rendered repository fails trtpd lint:\n  " + "\n  ".join(problems))
     load_or_create_key_file(key_file)
     return out_dir
 

@@ -1,7 +1,6 @@
-import json
-
 import pytest
 
+from trtpd.build.manifest import load_manifest
 from trtpd.engine.build import build_reference
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role
@@ -12,8 +11,9 @@ def test_build_writes_checkpoint_and_role_engines(fp16_root):
     for role in Role:
         config = EngineConfig.load(fp16_root / f"{role.value}-tp1")
         assert config.role is role and config.tokens_per_block == 32
-        manifest = json.loads((fp16_root / f"{role.value}-tp1" / "manifest.json").read_text())
-        assert manifest["status"] == "built" and manifest["backend"] == "reference"
+        manifest = load_manifest(fp16_root / f"{role.value}-tp1")
+        assert manifest.status == "complete" and manifest.backend == "reference" and manifest.role == role.value
+        assert {c.path for c in manifest.checksums} >= {"config.json", "../checkpoint/model.safetensors"}
     prefill = EngineConfig.load(fp16_root / "prefill-tp1")
     decode = EngineConfig.load(fp16_root / "decode-tp1")
     assert prefill.max_batch_size < decode.max_batch_size        # role-tuned
@@ -24,9 +24,9 @@ def test_build_writes_checkpoint_and_role_engines(fp16_root):
 def test_build_is_deterministic_and_skips_when_unchanged(tmp_path, fp16_root):
     messages = []
     build_reference("tiny-llama", tmp_path, kv_dtype="fp16", progress=messages.append)
-    mine = json.loads((tmp_path / "tiny-llama/reference-fp16/prefill-tp1/manifest.json").read_text())
-    theirs = json.loads((fp16_root / "prefill-tp1/manifest.json").read_text())
-    assert mine["checksums"] == theirs["checksums"]
+    mine = load_manifest(tmp_path / "tiny-llama/reference-fp16/prefill-tp1")
+    theirs = load_manifest(fp16_root / "prefill-tp1")
+    assert mine.checksums == theirs.checksums
     messages.clear()
     build_reference("tiny-llama", tmp_path, kv_dtype="fp16", progress=messages.append)
     assert any("up to date" in m for m in messages)
@@ -37,6 +37,7 @@ def test_fp8_checkpoint_carries_calibrated_scales(fp8_root):
     assert ckpt.kv_dtype.value == "fp8"
     assert all(0 < s < 1 for s in ckpt.k_scales + ckpt.v_scales)
     assert ckpt.layout(32).scales_digest is not None
+    assert load_manifest(fp8_root / "decode-tp1").kv_scales_digest == ckpt.layout(32).scales_digest
 
 
 @pytest.mark.parametrize("kwargs, message", [
