@@ -5,8 +5,6 @@ No tensors here; the reference engine's KV pool and the simulator both use this 
 
 from __future__ import annotations
 
-from collections import deque
-
 
 def num_blocks_for(num_tokens: int, tokens_per_block: int) -> int:
     return -(-num_tokens // tokens_per_block)
@@ -18,7 +16,7 @@ class BlockAllocator:
             raise ValueError(f"num_blocks ({num_blocks}) and tokens_per_block ({tokens_per_block}) must be positive")
         self.num_blocks = num_blocks
         self.tokens_per_block = tokens_per_block
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        self.free_block_ids: list[int] = list(range(num_blocks - 1, -1, -1))   # a stack: lowest ids first
         self.used_block_ids: set[int] = set()
 
     @property
@@ -38,13 +36,17 @@ class BlockAllocator:
     def allocate(self, num_blocks: int) -> list[int]:
         if not self.can_allocate(num_blocks):
             raise RuntimeError(f"KV cache exhausted: asked for {num_blocks} blocks, {self.num_free_blocks} free")
-        ids = [self.free_block_ids.popleft() for _ in range(num_blocks)]
+        if num_blocks <= 0:
+            return []
+        ids = self.free_block_ids[-num_blocks:][::-1]
+        del self.free_block_ids[-num_blocks:]
         self.used_block_ids.update(ids)
         return ids
 
     def free(self, block_ids: list[int]) -> None:
-        for block_id in block_ids:
-            if block_id not in self.used_block_ids:
-                raise RuntimeError(f"double free of KV block {block_id}")
-            self.used_block_ids.remove(block_id)
-            self.free_block_ids.append(block_id)
+        freed = set(block_ids)
+        if len(freed) != len(block_ids) or not freed <= self.used_block_ids:
+            bad = sorted(set(b for b in block_ids if b not in self.used_block_ids or block_ids.count(b) > 1))
+            raise RuntimeError(f"double free of KV block(s) {bad}")
+        self.used_block_ids -= freed
+        self.free_block_ids.extend(reversed(block_ids))

@@ -27,7 +27,7 @@ class BatchSchedulerConfig:
                              f"({self.max_num_tokens}) must be positive")
 
 
-@dataclass
+@dataclass(eq=False)   # identity: `seq in running` must not compare field by field
 class SchedSequence:
     request_id: str
     num_prompt_tokens: int
@@ -58,12 +58,15 @@ class ContinuousBatchScheduler:
         self.allocator = allocator
         self.waiting: deque[SchedSequence] = deque()
         self.running: list[SchedSequence] = []
+        self._num_reserved_blocks = 0   # kept up to date on admit, grow and finish
 
     @property
     def num_reserved_blocks(self) -> int:
         """Blocks promised to running sequences but not yet allocated."""
-        tpb = self.allocator.tokens_per_block
-        return sum(num_blocks_for(s.max_total_tokens, tpb) - len(s.block_table) for s in self.running)
+        return self._num_reserved_blocks
+
+    def _reservation(self, seq: SchedSequence) -> int:
+        return num_blocks_for(seq.max_total_tokens, self.allocator.tokens_per_block) - len(seq.block_table)
 
     def can_ever_admit(self, seq: SchedSequence) -> bool:
         return num_blocks_for(seq.max_total_tokens, self.allocator.tokens_per_block) <= self.allocator.num_blocks
@@ -101,6 +104,7 @@ class ContinuousBatchScheduler:
             seq.block_table = self.allocator.allocate(self.allocator.blocks_for(seq.num_prompt_tokens))
             seq.num_tokens = seq.num_prompt_tokens
             self.running.append(seq)
+            self._num_reserved_blocks += self._reservation(seq)
             admitted.append(seq)
             if self.config.prefill_in_step:
                 budget -= seq.num_prompt_tokens
@@ -114,11 +118,13 @@ class ContinuousBatchScheduler:
         need = self.allocator.blocks_for(seq.num_tokens) - len(seq.block_table)
         if need > 0:
             seq.block_table.extend(self.allocator.allocate(need))
+            self._num_reserved_blocks -= need
 
     def finish(self, seq: SchedSequence) -> None:
         """Frees a sequence's blocks, whether it finished, was cancelled or failed."""
         if seq in self.running:
             self.running.remove(seq)
+            self._num_reserved_blocks -= self._reservation(seq)
             self.allocator.free(seq.block_table)
             seq.block_table = []
         elif seq in self.waiting:

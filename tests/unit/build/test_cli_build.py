@@ -4,8 +4,6 @@ and the dispatch of --backend reference."""
 from __future__ import annotations
 
 import importlib.util
-import sys
-import types
 
 import pytest
 
@@ -71,13 +69,12 @@ def fake_reference(monkeypatch):
     calls = []
 
     def build_reference(model, engines_dir, *, kv_dtype="fp16", tokens_per_block=32, max_input_len=2048,
-                        max_output_len=512, force=False):
+                        max_output_len=512, force=False, progress=None):
         calls.append((model, engines_dir, kv_dtype, tokens_per_block, max_input_len, max_output_len, force))
         return []
 
-    module = types.ModuleType("trtpd.engine.build")
-    module.build_reference = build_reference
-    monkeypatch.setitem(sys.modules, "trtpd.engine.build", module)
+    import trtpd.engine.build
+    monkeypatch.setattr(trtpd.engine.build, "build_reference", build_reference)
     return calls
 
 
