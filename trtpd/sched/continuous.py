@@ -91,8 +91,19 @@ class ContinuousBatchScheduler:
         return sum(1 for s in self.running if s.is_ready)
 
     def schedule(self) -> StepPlan:
+        """One step: every ready sequence decodes one token (its block table grows as needed) and
+        waiting sequences are admitted in arrival order while they fit."""
         decode = [s for s in self.running if s.is_ready]
-        budget = self.config.max_num_tokens - len(decode)
+        admitted = self.admit(num_decode_rows=len(decode))
+        for seq in decode:
+            self._grow(seq)
+        return StepPlan(admitted, tuple(decode))
+
+    def admit(self, num_decode_rows: int = 0) -> tuple[SchedSequence, ...]:
+        """The admission policy alone: FIFO, at most max_batch_size running, blocks for the whole life of
+        each sequence guaranteed, and (colocated) prompts within the token budget left by the decode rows.
+        Admitted sequences get blocks for their prompt."""
+        budget = self.config.max_num_tokens - num_decode_rows
         admitted: list[SchedSequence] = []
         while self.waiting and len(self.running) < self.config.max_batch_size:
             seq = self.waiting[0]
@@ -108,9 +119,7 @@ class ContinuousBatchScheduler:
             admitted.append(seq)
             if self.config.prefill_in_step:
                 budget -= seq.num_prompt_tokens
-        for seq in decode:
-            self._grow(seq)
-        return StepPlan(tuple(admitted), tuple(decode))
+        return tuple(admitted)
 
     def _grow(self, seq: SchedSequence) -> None:
         """Makes room for the token this step appends (guaranteed by the reservation)."""

@@ -15,7 +15,7 @@ from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
 from trtpd.sim.records import RequestRecords
-from trtpd.sim.sequence import DeferredGrowthScheduler, SimSequence
+from trtpd.sim.sequence import SimSequence
 
 
 def mixed_step_s(perf: PerfModel, prefill_tokens: int, sum_sq_tokens: int, batch_size: int,
@@ -39,8 +39,7 @@ class ColocatedInstance:
         self.loop = loop
         self.perf = perf
         allocator = BlockAllocator(num_blocks, tokens_per_block)
-        cls = ContinuousBatchScheduler if exact_steps else DeferredGrowthScheduler
-        self.scheduler = cls(config, allocator)
+        self.scheduler = ContinuousBatchScheduler(config, allocator)
         self.exact_steps = exact_steps
         self.records = records
         self.is_stepping = False
@@ -65,11 +64,13 @@ class ColocatedInstance:
 
     def _start_step(self, now_s: float) -> None:
         admitted: tuple[SimSequence, ...] = ()
-        if self.exact_steps or self.scheduler.waiting:
+        if self.exact_steps:
             plan = self.scheduler.schedule()
             admitted = plan.admitted
-            if self.exact_steps and len(plan.decode) != self.num_ready:
+            if len(plan.decode) != self.num_ready:
                 raise AssertionError(f"colocated {self.index}: scheduler batch {len(plan.decode)} != {self.num_ready}")
+        elif self.scheduler.waiting:
+            admitted = self.scheduler.admit(num_decode_rows=self.num_ready)
         prefill_tokens = sum_sq = 0
         if admitted:
             prefill_start = self.records.prefill_start_s

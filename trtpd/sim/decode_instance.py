@@ -6,9 +6,11 @@ ingress link (bytes / bandwidth, FIFO) -> ready -> joins the next step -> genera
 tokens, one per step (the first came from prefill) -> finished, blocks freed.
 
 Steps are simulated one by one (latency from the perf model at the step's batch size and total
-context), but no per-sequence work is done per step: a sequence's last step is known when it joins.
-With `exact_steps=True` the unmodified scheduler is called every step (its per-step KV growth
-included): slower, and used to check that the fast path makes the same decisions.
+context), but no per-sequence work is done per step: a sequence's last step is known when it joins,
+and admission calls the scheduler's `admit` (GUARANTEED_NO_EVICT makes a sequence's reserved blocks
+stand for its growth, so skipping the per-step allocation changes no decision). With
+`exact_steps=True` the whole `schedule()` runs every step, growth included: slower, and used to
+check that the fast path makes the same decisions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
 from trtpd.sim.records import RequestRecords
-from trtpd.sim.sequence import DeferredGrowthScheduler, SimSequence
+from trtpd.sim.sequence import SimSequence
 
 
 class KvLink:
@@ -50,8 +52,7 @@ class DecodeInstance:
         self.loop = loop
         self.perf = perf
         allocator = BlockAllocator(num_blocks, tokens_per_block)
-        cls = ContinuousBatchScheduler if exact_steps else DeferredGrowthScheduler
-        self.scheduler = cls(config, allocator)
+        self.scheduler = ContinuousBatchScheduler(config, allocator)
         self.exact_steps = exact_steps
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -77,13 +78,15 @@ class DecodeInstance:
             self._admit(now_s)
 
     def _admit(self, now_s: float) -> None:
-        plan = self.scheduler.schedule()
-        if self.exact_steps:
-            self._exact_plan = plan
-        if plan.admitted:
+        if self.exact_steps:   # the whole step, per-step block growth included
+            self._exact_plan = plan = self.scheduler.schedule()
+            admitted = plan.admitted
+        else:                  # the same admission policy; growth is implied by the reservation
+            admitted = self.scheduler.admit()
+        if admitted:
             transfer_start, transfer_end = self.records.transfer_start_s, self.records.transfer_end_s
             link, per_token, push = self.link, self.kv_bytes_per_token, self.loop.push
-            for seq in plan.admitted:
+            for seq in admitted:
                 i = seq.request_id
                 transfer_start[i] = now_s
                 done_s = link.transfer(now_s, seq.num_prompt_tokens * per_token)
