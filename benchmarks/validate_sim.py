@@ -45,7 +45,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workload", default="cpu-demo")
     ap.add_argument("--engines-dir", type=Path, default=Path("engines"))
-    ap.add_argument("--profile", type=Path, help="hardware YAML with measured curves (default: measure now)")
+    ap.add_argument("--profile", type=Path, help="hardware YAML with measured curves and serving overhead "
+                    "(default: measure now with `trtpd profile --serving`)")
     ap.add_argument("--kv-link-bytes-per-s", type=float, default=10e9, help="shm transfer bandwidth")
     args = ap.parse_args()
 
@@ -55,7 +56,7 @@ def main() -> int:
         hw_path = Path(tempfile.mkdtemp()) / "cpu-measured.yaml"
         print(f"profiling the reference engine into {hw_path} ...", flush=True)
         subprocess.run([sys.executable, "-m", "trtpd.cli.main", "profile", "--backend", "reference",
-                        "--engine-dir", str(root), "--output", str(hw_path)], check=True, stdout=subprocess.DEVNULL)
+                        "--engine-dir", str(root), "--output", str(hw_path), "--serving"], check=True, stdout=subprocess.DEVNULL)
     hardware = load_hardware(str(hw_path))
     tokenizer = load_checkpoint(root / "checkpoint").load_tokenizer()
     requests = make_requests(tokenizer, args.workload, args.rate, args.num_requests, args.seed, 2048)

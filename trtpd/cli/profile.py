@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import platform
 from pathlib import Path
 
@@ -26,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="hardware profile to update (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
     p.add_argument("--quick", action="store_true", help="a coarse grid (for a smoke test)")
+    p.add_argument("--serving", action="store_true",
+                   help="also measure the serving overhead (request path, per-step response pipeline) through the "
+                        "real tritonserver, disaggregated and colocated (about a minute)")
     p.set_defaults(func=run)
 
 
@@ -39,20 +41,11 @@ def _engine_folders(engine_dir: Path) -> tuple[Path, Path]:
     return prefill, decode
 
 
-def _profiling_module():
-    try:
-        return importlib.import_module("trtpd.engine.profiling")
-    except ModuleNotFoundError as exc:
-        if exc.name == "trtpd.engine.profiling":
-            raise ConfigError("the reference engine's profiling hooks (trtpd.engine.profiling: measure_prefill_s, "
-                              "measure_decode_step_s) are not in this build yet; `trtpd profile` needs them") from None
-        raise
-
-
 def run(args: argparse.Namespace) -> int:
     from trtpd.engine.engine_config import EngineConfig
 
-    profiling = _profiling_module()
+    from trtpd.engine import profiling
+
     prefill_dir, decode_dir = _engine_folders(args.engine_dir)
     pcfg, dcfg = EngineConfig.load(prefill_dir), EngineConfig.load(decode_dir)
     limits = EngineLimits(prefill_max_num_tokens=pcfg.max_num_tokens, decode_max_batch_size=dcfg.max_batch_size,
@@ -70,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
         progress=lambda line: print(f"  {line}", flush=True))
     hardware = load_hardware(str(args.output)) if args.output.is_file() else load_hardware("cpu-reference")
     hardware = hardware.model_copy(update={"measured": with_measured(hardware.measured, measured)})
+    if args.serving:
+        from trtpd.bench.serving_probe import measure_serving_overhead
+
+        build_root = prefill_dir.parent
+        serving = {mode: measure_serving_overhead(build_root, hardware, mode, progress=lambda l: print(f"  {l}", flush=True))
+                   for mode in ("disaggregated", "colocated")}
+        measured = measured.model_copy(update={"serving": serving})
+        hardware = hardware.model_copy(update={"measured": with_measured(hardware.measured, measured)})
     save_hardware(hardware, args.output)
     print(f"wrote {args.output} ({len(measured.prefill.num_tokens)} prefill points, "
           f"{len(measured.decode.batch_sizes)} x {len(measured.decode.context_lens)} decode grid)")

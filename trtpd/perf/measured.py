@@ -30,6 +30,17 @@ class DecodeGrid(BaseModel):
         return self
 
 
+class ServingOverhead(BaseModel):
+    """What the serving path adds to the engine's forward passes, measured through the real server
+    (`trtpd profile --serving`): hops between Triton models, python-backend IPC, and the CPU the
+    response pipeline takes from the engines on a small machine."""
+
+    model_config = ConfigDict(extra="forbid")
+    response_latency_s: float = Field(default=0.0, ge=0, description="added to every response (request path)")
+    step_overhead_s: float = Field(default=0.0, ge=0, description="added to every decode step")
+    per_sequence_step_s: float = Field(default=0.0, ge=0, description="added to a decode step per sequence in it")
+
+
 class MeasuredProfile(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
@@ -41,6 +52,8 @@ class MeasuredProfile(BaseModel):
     kv_capacity_tokens: int | None = Field(default=None, gt=0, description="KV pool size of the measured engine")
     prefill: PrefillCurve
     decode: DecodeGrid
+    serving: dict[str, ServingOverhead] = Field(default_factory=dict,
+                                                description="by deployment mode: disaggregated, colocated")
 
 
 class MeasuredPerfModel:
@@ -48,8 +61,9 @@ class MeasuredPerfModel:
 
     source = "measured"
 
-    def __init__(self, profile: MeasuredProfile) -> None:
+    def __init__(self, profile: MeasuredProfile, serving: ServingOverhead | None = None) -> None:
         self.profile = profile
+        self.serving = serving or ServingOverhead()
         self._prefill = Curve1D(tuple(profile.prefill.num_tokens), tuple(profile.prefill.latency_s))
         d = profile.decode
         self._decode = Grid2D(tuple(d.batch_sizes), tuple(d.context_lens), tuple(tuple(r) for r in d.step_latency_s))
@@ -58,4 +72,5 @@ class MeasuredPerfModel:
         return self._prefill(num_tokens)
 
     def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
-        return self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)
+        forward = self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)
+        return forward + self.serving.step_overhead_s + batch_size * self.serving.per_sequence_step_s

@@ -29,6 +29,7 @@ class InstancePerf:
     tp: int
     kv_capacity_tokens: int
     kv_bytes_per_token: int  # whole request (all TP shards), in the KV dtype: what crosses the link
+    response_latency_s: float = 0.0   # measured serving path latency (reference profiles with --serving)
 
     @property
     def source(self) -> str:
@@ -36,12 +37,15 @@ class InstancePerf:
 
 
 def instance_perf(model: ModelSpec, hardware: HardwareProfile, tp: int = 1, weight_dtype: str = "fp16",
-                  kv_dtype: KvDtype | str = KvDtype.FP16) -> InstancePerf:
-    """Measured curves when the hardware profile has them for this model, TP and KV dtype; else roofline."""
+                  kv_dtype: KvDtype | str = KvDtype.FP16, mode: str | None = None) -> InstancePerf:
+    """Measured curves when the hardware profile has them for this model, TP and KV dtype; else roofline.
+    `mode` (disaggregated or colocated) picks the measured serving overhead, if the profile has one."""
     kv = KvDtype.parse(kv_dtype)
     roofline = RooflinePerfModel(model, hardware, tp, weight_dtype, kv)
     measured = hardware.find_measured(model.name, tp, kv.value)
     if measured is None:
         return InstancePerf(roofline, tp, roofline.kv_capacity_tokens, model.kv_bytes_per_token(kv))
     capacity = measured.kv_capacity_tokens or roofline.kv_capacity_tokens
-    return InstancePerf(MeasuredPerfModel(measured), tp, capacity, model.kv_bytes_per_token(kv))
+    serving = measured.serving.get(mode) if mode else None
+    return InstancePerf(MeasuredPerfModel(measured, serving), tp, capacity, model.kv_bytes_per_token(kv),
+                        serving.response_latency_s if serving else 0.0)

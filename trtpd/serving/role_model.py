@@ -8,6 +8,8 @@ A watcher thread turns client cancellations into engine aborts and publishes met
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
 import uuid
@@ -27,6 +29,7 @@ from trtpd.serving.pb import error_response, input_getter, model_parameters, ten
 from trtpd.serving.request_parsing import parse_parameters, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+log = logging.getLogger(__name__)
 PERF_OUTPUTS = {"prefill_queue_s": "prefill_queue_ms", "prefill_compute_s": "prefill_compute_ms",
                 "kv_transfer_s": "kv_transfer_ms", "decode_queue_s": "decode_queue_ms"}
 
@@ -63,7 +66,12 @@ class RoleModel:
         # response factory and crashes), and senders are not safe to use from two threads at once.
         self.lock = threading.Lock()
         self.metrics = RoleMetrics(self.model_name, args.get("model_version", "1"))
-        self.loop = EngineLoop(self.loaded.engine, self._on_output, name=f"{self.model_name}-engine")
+        # Responses go out on their own thread: a python-backend send is a blocking IPC round trip, and
+        # the engine thread should be computing the next step meanwhile (TensorRT-LLM's backend does the same).
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._responder = threading.Thread(target=self._respond, name=f"{self.model_name}-respond", daemon=True)
+        self._responder.start()
+        self.loop = EngineLoop(self.loaded.engine, self.outbox.put, name=f"{self.model_name}-engine")
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name=f"{self.model_name}-watch", daemon=True)
         self._watcher.start()
@@ -87,6 +95,13 @@ class RoleModel:
         return None
 
     # ---- outputs out ----------------------------------------------------------------------
+    def _respond(self) -> None:
+        while (out := self.outbox.get()) is not None:
+            try:
+                self._on_output(out)
+            except Exception:   # a broken response channel must not stop the others
+                log.exception("sending the response for request %s failed", out.request_id)
+
     def _on_output(self, out: EngineOutput) -> None:
         if "kv_transfer_s" in out.perf:
             self.metrics.record_transfer(out.perf["kv_transfer_s"])
@@ -148,4 +163,6 @@ class RoleModel:
         self._stop.set()
         self._watcher.join(2.0)
         self.loop.stop()
+        self.outbox.put(None)
+        self._responder.join(2.0)
         self.loaded.close()

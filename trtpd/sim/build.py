@@ -87,8 +87,8 @@ def options_from_engines(build_root: Path, base: ClusterOptions = ClusterOptions
 
 
 def _perf(model: ModelSpec, hardware: HardwareProfile, tp: int, opts: ClusterOptions,
-          capacity_tokens: int | None = None) -> InstancePerf:
-    inst = instance_perf(model, hardware, tp, opts.weight_dtype, opts.kv_dtype)
+          capacity_tokens: int | None = None, mode: str | None = None) -> InstancePerf:
+    inst = instance_perf(model, hardware, tp, opts.weight_dtype, opts.kv_dtype, mode)
     capacity = capacity_tokens or opts.kv_capacity_tokens
     if capacity is not None:
         inst = replace(inst, kv_capacity_tokens=capacity)
@@ -99,8 +99,8 @@ def _perf(model: ModelSpec, hardware: HardwareProfile, tp: int, opts: ClusterOpt
 
 
 def disaggregated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: ClusterOptions) -> ClusterSpec:
-    pi = _perf(model, hardware, opts.tp_prefill, opts, opts.prefill_kv_capacity_tokens)
-    di = _perf(model, hardware, opts.tp_decode, opts, opts.decode_kv_capacity_tokens)
+    pi = _perf(model, hardware, opts.tp_prefill, opts, opts.prefill_kv_capacity_tokens, "disaggregated")
+    di = _perf(model, hardware, opts.tp_decode, opts, opts.decode_kv_capacity_tokens, "disaggregated")
     if opts.kv_link_bytes_per_s is not None:
         bw = opts.kv_link_bytes_per_s
     else:
@@ -121,16 +121,17 @@ def disaggregated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Clu
         prefill=PrefillRole(opts.num_prefill, pi.perf, pi.kv_capacity_tokens, prefill_sched),
         decode=BatchRole(opts.num_decode, di.perf, di.kv_capacity_tokens, decode_sched),
         kv_link=KvLinkSpec(bw, opts.kv_link_latency_s, di.kv_bytes_per_token),
-        tokens_per_block=opts.tokens_per_block, first_token_at=opts.first_token_at)
+        tokens_per_block=opts.tokens_per_block, first_token_at=opts.first_token_at,
+        response_latency_s=di.response_latency_s)
 
 
 def colocated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: ClusterOptions) -> ClusterSpec:
     """The baseline on the same GPUs: instances at the decode TP doing both phases."""
-    inst = _perf(model, hardware, opts.tp_decode, opts)
+    inst = _perf(model, hardware, opts.tp_decode, opts, mode="colocated")
     num = opts.num_colocated or max(1, opts.num_gpus // opts.tp_decode)
     batch = opts.colocated_max_batch_size or opts.decode_max_batch_size
     # room for the longest prompt next to a full decode batch (else a long prompt waits for an empty batch)
     num_tokens = opts.colocated_max_num_tokens or opts.prefill_max_num_tokens + batch
     sched = BatchSchedulerConfig(max_batch_size=batch, max_num_tokens=max(num_tokens, batch), prefill_in_step=True)
     return ClusterSpec(mode="colocated", decode=BatchRole(num, inst.perf, inst.kv_capacity_tokens, sched),
-                       tokens_per_block=opts.tokens_per_block)
+                       tokens_per_block=opts.tokens_per_block, response_latency_s=inst.response_latency_s)

@@ -44,6 +44,7 @@ class ClusterSpec:
     tokens_per_block: int = 32
     first_token_at: Literal["prefill", "decode"] = "decode"
     routing: Literal["least_loaded", "round_robin"] = "least_loaded"
+    response_latency_s: float = 0.0   # the serving path delays every response by this (measured)
 
     def __post_init__(self) -> None:
         if self.decode is None:

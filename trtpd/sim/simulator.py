@@ -131,6 +131,11 @@ class Simulator:
             usage += [InstanceUsage(role, d.index, d.busy_s / span, d.sum_batch_steps / max(d.num_steps, 1))
                       for d in group]
         links = [d.link.busy_s / span for d in self.decodes]
+        delay = self.cluster.response_latency_s
+        if delay:   # a pure delay on the way out: it shifts response times, not scheduling
+            r = self.records
+            r.first_token_s = [t + delay for t in r.first_token_s]
+            r.done_s = [t + delay for t in r.done_s]
         return SimRun(self.records, usage, links, span, self.loop.num_events, self.num_rejected, overloaded)
 
 
