@@ -66,3 +66,16 @@ def test_profile_cli_writes_the_hardware_profile(tmp_path, monkeypatch, capsys):
     assert prof.model == "tiny-llama" and prof.kv_capacity_tokens == 1600 * 32
     assert prof.prefill.latency_s[0] == pytest.approx(fake_prefill_s([64]))
     assert "wrote" in capsys.readouterr().out
+
+
+def test_serving_overhead_adds_to_measured_decode_steps():
+    from trtpd.perf.measured import DecodeGrid, MeasuredPerfModel, MeasuredProfile, PrefillCurve, ServingOverhead
+
+    profile = MeasuredProfile(model="tiny-llama", prefill=PrefillCurve(num_tokens=[1, 1000], latency_s=[0.001, 0.1]),
+                              decode=DecodeGrid(batch_sizes=[1, 8], context_lens=[64, 512],
+                                                step_latency_s=[[0.002, 0.003], [0.004, 0.006]]))
+    plain = MeasuredPerfModel(profile)
+    served = MeasuredPerfModel(profile, ServingOverhead(response_latency_s=0.01, step_overhead_s=0.0005,
+                                                        per_sequence_step_s=0.0002))
+    assert served.decode_step_s(8, 8 * 64) == pytest.approx(plain.decode_step_s(8, 8 * 64) + 0.0005 + 8 * 0.0002)
+    assert served.prefill_s(500) == plain.prefill_s(500)

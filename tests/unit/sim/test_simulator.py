@@ -100,3 +100,16 @@ def test_overloaded_run_stops_early_and_counts_misses():
     s = summarize(run, 1.0, 1.0)
     assert s.num_unfinished > 4000 and s.slo_attainment < 0.1
     assert default_max_in_system(cluster) == 20 * (8 + 64) + 1000
+
+
+def test_response_latency_shifts_responses_not_scheduling():
+    from dataclasses import replace
+
+    from trtpd.sim.metrics import latencies
+
+    requests = RequestArrays([0.0, 0.001, 0.5], [100, 200, 50], [10, 5, 8])
+    cluster = disagg(LinearPerf(prefill_per_token_s=1e-4, decode_fixed_s=0.002))
+    base = latencies(simulate(cluster, requests), warmup_fraction=0.0)
+    shifted = latencies(simulate(replace(cluster, response_latency_s=0.03), requests), warmup_fraction=0.0)
+    assert np.allclose(shifted.ttft_s, base.ttft_s + 0.03)
+    assert np.allclose(shifted.tpot_s, base.tpot_s)
