@@ -60,3 +60,29 @@ def test_unpulled_kv_is_freed_after_the_transfer_timeout(mismatched, tokenizer):
     held = mismatched.kv_blocks("prefill")
     assert held == start - 22        # 700 tokens = 22 blocks of 32, held for a decode that never comes
     mismatched.wait_blocks("prefill", start, timeout_s=15)   # kv_transfer_timeout_ms is 1500 here
+
+
+def test_blocks_return_after_cancelled_prefills(fp16_disagg, tokenizer):
+    """Context-only requests cancelled while they wait or compute: their KV is freed, nothing leaks."""
+    start = fp16_disagg.kv_blocks("prefill")
+    client = grpcclient.InferenceServerClient(fp16_disagg.grpc_url)
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    for i in range(4):
+        ids = tokenizer.encode(prompt_with_tokens(tokenizer, 1500, seed=100 + i))
+        inputs = []
+        for name, value in (("input_ids", np.array([ids], dtype=np.int32)),
+                            ("input_lengths", np.array([[len(ids)]], dtype=np.int32)),
+                            ("request_output_len", np.array([[4]], dtype=np.int32))):
+            t = grpcclient.InferInput(name, list(value.shape), "INT32")
+            t.set_data_from_numpy(value)
+            inputs.append(t)
+        client.async_stream_infer("prefill", inputs, request_id=f"c{i}", parameters={"request_type": "context_only"})
+    deadline = time.monotonic() + 10
+    while fp16_disagg.kv_blocks("prefill") == start and time.monotonic() < deadline:
+        time.sleep(0.01)   # until the first batch holds blocks
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    fp16_disagg.wait_blocks("prefill", start, timeout_s=20)
+    r = fp16_disagg.stream({"after": "A request after the cancelled prefills."}, 4)["after"]
+    assert r.error is None and len(r.token_ids) == 4
