@@ -10,7 +10,6 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from trtpd.build.mpi_world import MpiWorld, plan_mpi_world
 from trtpd.build.plan import BuildPlan
 from trtpd.build.serve_config import ServeLayout, render_serve_files
 from trtpd.errors import ConfigError
+from trtpd.staging import staged_folder
 from trtpd.repo.render import ModelPlan, render_repository, templates_dir
 
 SHARED_TEMPLATES = ("ensemble", "preprocessing", "postprocessing", "disagg_bls")
@@ -91,11 +90,7 @@ def plan_deploy(plan: BuildPlan, *, tokenizer_dir: str | None = None, triton_por
 def write_deploy(deploy: DeployPlan, *, force: bool = False, templates: Path | None = None) -> Path:
     """Writes the deploy folder; on any error nothing is left behind (an old folder stays as it was)."""
     target = deploy.deploy_dir
-    if target.exists() and not force:
-        raise ConfigError(f"{target} already exists; pass --force to replace it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".deploy.", dir=target.parent))
-    try:
+    with staged_folder(target, overwrite=force) as staging:
         render_repository(deploy.models, staging / REPO_DIR, templates=templates, overwrite=True)
         for rel, text in deploy.files.items():
             path = staging / rel
@@ -103,10 +98,4 @@ def write_deploy(deploy: DeployPlan, *, force: bool = False, templates: Path | N
             path.write_text(text)
             if rel.endswith(".sh"):
                 path.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return target

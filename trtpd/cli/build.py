@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from trtpd.build.versions import PINNED
-from trtpd.errors import ConfigError, TrtpdError
+from trtpd.errors import ConfigError
 
 _INT_FLAGS = ("prefill-tp", "decode-tp", "prefill-pp", "decode-pp", "prefill-max-batch-size",
               "decode-max-batch-size", "prefill-max-num-tokens", "decode-max-num-tokens", "prefill-instances",

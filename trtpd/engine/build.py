@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +27,7 @@ from trtpd.engine.engine_config import EngineConfig, Role, role_defaults
 from trtpd.engine.model import FP8_MAX, LlamaModel, init_weights
 from trtpd.engine.tokenizer import Tokenizer
 from trtpd.errors import ConfigError
+from trtpd.staging import staged_folder
 
 MAX_REFERENCE_PARAMS = 200_000_000
 ENGINE_FORMAT = 2   # bump when the engine folder's contents change, so old builds are rebuilt
@@ -80,10 +79,7 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
     if not force and all(_manifest_matches(root / f"{r.value}-tp1", _manifest(c, spec, inputs)) for r, c in configs.items()):
         say(f"up to date: {root} (inputs unchanged; pass --force to rebuild)")
         return dirs
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    staging.chmod(0o755)
-    try:
+    with staged_folder(root, overwrite=True) as staging:
         started = time.perf_counter()
         say(f"[1/3] weights: {spec.num_params / 1e6:.1f}M parameters, seed {seed}")
         weights = init_weights(spec, seed)
@@ -100,12 +96,6 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
             config.save(out)
             sums = _checksums(out, [out / "config.json", *checkpoint_files])
             write_manifest(_manifest(config, spec, inputs, digest, sums, time.perf_counter() - started), out)
-        if root.exists():
-            shutil.rmtree(root)
-        staging.rename(root)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     say(f"built {root}")
     return dirs
 

@@ -90,7 +90,9 @@ class DecodeEngine(GenerationEngine):
                 outputs.append(self.fail(seq, f"KV transfer failed: {exc}", kind="unavailable"))
                 continue
             result = future.result()
-            seq.perf["kv_transfer_s"] = result.seconds
+            moved_s = sum(result.layer_move_s)
+            seq.perf["kv_transfer_s"] = moved_s   # moving bytes; waiting for layers is prefill compute
+            seq.perf["prefill_compute_s"] = max(0.0, result.seconds - moved_s)
             seq.perf["kv_bytes"] = float(result.bytes_moved)
             seq.sched.is_ready = True
             outputs.append(self._emit_token(seq, result.first_token))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtpd.errors import ConfigError
 from trtpd.perf.measured import MeasuredProfile
-from trtpd.perf.yaml_io import dump_yaml, load_yaml_model
+from trtpd.perf.yaml_io import config_path, dump_yaml, load_yaml_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HARDWARE_DIR = REPO_ROOT / "configs" / "hardware"
@@ -79,14 +79,7 @@ def hardware_names() -> list[str]:
 
 
 def hardware_path(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        return path
-    candidate = HARDWARE_DIR / f"{name_or_path.lower()}.yaml"
-    if not candidate.is_file():
-        raise ConfigError(f"unknown hardware {name_or_path!r}; known: {', '.join(hardware_names())} "
-                          f"(or pass a path to a hardware YAML file)")
-    return candidate
+    return config_path("hardware", name_or_path, HARDWARE_DIR, lower=True)
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:

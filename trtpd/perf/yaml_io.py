@@ -21,6 +21,18 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+def config_path(kind: str, name_or_path: str, folder: Path, lower: bool = False) -> Path:
+    """A config file given by path, or by name from `folder` (configs/<kind>s/<name>.yaml)."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        return path
+    candidate = folder / f"{name_or_path.lower() if lower else name_or_path}.yaml"
+    if not candidate.is_file():
+        known = ", ".join(sorted(p.stem for p in folder.glob("*.yaml")))
+        raise ConfigError(f"unknown {kind} {name_or_path!r}; known: {known} (or pass a path to a YAML file)")
+    return candidate
+
+
 def read_yaml(path: Path) -> object:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file")

@@ -7,8 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trtpd.errors import ConfigError
-from trtpd.perf.yaml_io import load_yaml_model
+from trtpd.perf.yaml_io import config_path, load_yaml_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SLO_DIR = REPO_ROOT / "configs" / "slo"
@@ -65,14 +64,7 @@ class SearchSpace(BaseModel):
 
 
 def slo_path(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        return path
-    candidate = SLO_DIR / f"{name_or_path}.yaml"
-    if not candidate.is_file():
-        known = ", ".join(sorted(p.stem for p in SLO_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown SLO {name_or_path!r}; known: {known} (or pass a path to a YAML file)")
-    return candidate
+    return config_path("SLO", name_or_path, SLO_DIR)
 
 
 def load_slo(name_or_path: str) -> Slo:

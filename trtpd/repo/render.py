@@ -8,7 +8,6 @@ into place only after every config.pbtxt has been filled strictly and parsed as 
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 from trtpd.errors import ConfigError
 from trtpd.repo import template
 from trtpd.repo.pbtxt import check_name_matches_folder, parse_model_config
+from trtpd.staging import staged_folder
 
 TEMPLATE_SUFFIX = ".tmpl"
 
@@ -70,21 +70,10 @@ def render_repository(models: Sequence[ModelPlan], out_dir: Path, *, templates: 
     if dupes:
         raise ConfigError(f"model name(s) used twice in one repository: {', '.join(dupes)}")
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ConfigError(f"{out_dir} already exists; pass --force to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    staging.chmod(0o755)
-    try:
+    with staged_folder(out_dir, overwrite=overwrite) as staging:
         for plan in models:
             render_model(plan, staging, templates)
         for rel, text in (extra_files or {}).items():
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_text(text)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir

@@ -146,8 +146,9 @@ class DisaggBls:
             job.fail(f"disagg_bls: {type(exc).__name__}: {exc}", "internal")
 
     def _keep_perf(self, job: _Job, outputs: dict) -> None:
+        """First report wins: prefill's own timings over decode's view of them."""
         for name in PERF_NAMES:
-            if name in outputs:
+            if name in outputs and name not in job.perf:
                 job.perf[name] = outputs[name]
 
     def _colocated(self, job: _Job) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtpd.errors import ConfigError
-from trtpd.perf.yaml_io import load_model, read_yaml
+from trtpd.perf.yaml_io import config_path, load_model, read_yaml
 from trtpd.sim.lengths import LengthDistribution, LengthStats, TraceLengths, read_trace_column
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -127,14 +127,7 @@ def replay_trace(trace: TraceSpec, num_requests: int | None = None) -> RequestAr
 
 
 def workload_path(name_or_path: str) -> Path:
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        return path
-    candidate = WORKLOAD_DIR / f"{name_or_path}.yaml"
-    if not candidate.is_file():
-        known = ", ".join(sorted(p.stem for p in WORKLOAD_DIR.glob("*.yaml")))
-        raise ConfigError(f"unknown workload {name_or_path!r}; known: {known} (or pass a path to a YAML file)")
-    return candidate
+    return config_path("workload", name_or_path, WORKLOAD_DIR)
 
 
 def load_workload(name_or_path: str) -> WorkloadSpec:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from trtpd.build.options import check_args, check_keys
-from trtpd.build.options_table import OPTIONS, TOOLS
+from trtpd.build.options_table import OPTIONS
 from trtpd.build.run import prepare
 from trtpd.repo.pbtxt import parameters, parse_model_config
 
