@@ -32,6 +32,8 @@ class EngineLoop:
         self.busy_s = 0.0
         if hasattr(engine, "wakeup"):
             engine.wakeup = self.wakeup
+        if hasattr(engine, "emit"):
+            engine.emit = self._emit
         exporter = getattr(engine, "exporter", None)
         if exporter is not None and hasattr(exporter, "wakeup"):
             exporter.wakeup = self.wakeup

@@ -47,6 +47,9 @@ class PrefillEngine:
         self.waiting: dict[str, _Pending] = {}
         self.held_blocks: dict[str, list[int]] = {}   # exported, not yet released
         self.num_completed = 0
+        # Set by the engine loop: delivers outputs at once, so the layer-wise handles go out before
+        # the forward pass (returned from step() they would wait for the whole batch to compute).
+        self.emit: Callable[[list[EngineOutput]], None] | None = None
 
     # ---- requests -------------------------------------------------------------------------
     def validate(self, request: EngineRequest) -> None:
@@ -105,6 +108,9 @@ class PrefillEngine:
                                             perf={"prefill_queue_s": now - item.request.arrival_s}))
             chunks.append(SeqChunk(item.request.prompt_token_ids, 0, item.block_ids))
             pending.append(item)
+        if self.emit is not None and outputs:
+            self.emit(outputs)
+            outputs = []
         ids = batch.request_ids
         started = self.clock()
         try:
