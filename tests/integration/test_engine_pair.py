@@ -129,3 +129,31 @@ def test_cancelled_requests_return_their_blocks(pair):
     assert dc.outputs["d"][-1].finish_reason == "cancelled"
     wait_until(lambda: decode.engine.stats()["free_blocks"] == start[1])
     wait_until(lambda: prefill.engine.stats()["free_blocks"] == start[0])
+
+
+def test_layerwise_handle_goes_out_before_any_layer_is_computed(pair):
+    """The layer-wise handle must reach decode while prefill still computes: at the moment the engine
+    delivers it, no layer of that request is ready yet (so the pull overlaps the whole forward pass)."""
+    prefill, decode, ploop, dloop, pc, dc = pair
+    layers_at_delivery = []
+    table = prefill.engine.exporter._table
+
+    def record(out):
+        if out.context_phase_params:
+            with table.cond:
+                layers_at_delivery.append(table.exports[out.request_id].num_layers_ready)
+        pc(out)
+
+    ploop.on_output = record
+    prompt = prefill.tokenizer.encode(prompt_with_tokens(prefill.tokenizer, 1000, seed=9))
+    ploop.submit(EngineRequest("lw", prompt, 8, RequestType.CONTEXT_ONLY, arrival_s=time.monotonic(),
+                               layerwise_kv_transfer=True))
+    pc.wait(lambda: pc.finished("lw"))
+    assert layers_at_delivery == [0]
+    handle = pc.outputs["lw"][0].context_phase_params
+    req = EngineRequest("lw-d", prompt, 8, RequestType.GENERATION_ONLY, context_phase_params=handle,
+                        arrival_s=time.monotonic())
+    decode.engine.validate(req)
+    dloop.submit(req)
+    dc.wait(lambda: dc.finished("lw-d"))
+    assert len(dc.tokens["lw-d"]) == 8 and not any(o.error for o in dc.outputs["lw-d"])
