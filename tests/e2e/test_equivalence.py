@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from trtpd.bench.prompts import prompt_with_tokens
+from trtpd.catalog import get_model
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +59,9 @@ def test_http_generate(fp16_disagg, prompts, colocated_grpc, tokenizer):
         assert status == 200, body
         assert body["output_ids"] == colocated_grpc[rid], rid
         assert body["text_output"] == tokenizer.decode(colocated_grpc[rid])
-        assert body["kv_transfer_bytes"] == len(tokenizer.encode(text)) * 2048   # 4 layers x 2 x 4 x 32 x 2 B
+        # the catalog formula: layers x tokens x 2 x KV heads x head size x 2 bytes (fp16)
+        num_tokens = len(tokenizer.encode(text))
+        assert body["kv_transfer_bytes"] == get_model("tiny-llama").kv_bytes_per_request(num_tokens, "fp16")
 
 
 def test_http_generate_stream(fp16_disagg, prompts, colocated_grpc):
