@@ -1,0 +1,37 @@
+"""`trtpd up`, `status`, `bench` and `down` as a user runs them (separate processes, real server)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def trtpd(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trtpd.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+def test_up_status_bench_down(tmp_path, fp16_root):
+    env = {**os.environ, "TRTPD_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    up = trtpd("up", "--name", "cli", "--engines", str(fp16_root), env=env)
+    assert up.returncode == 0, up.stderr
+    assert "ready: cli (disaggregated)" in up.stdout and "gRPC     127.0.0.1:" in up.stdout
+    try:
+        again = trtpd("up", "--name", "cli", "--engines", str(fp16_root), env=env)
+        assert again.returncode == 2 and "already running" in again.stderr
+        status = trtpd("status", env=env)
+        assert "cli" in status.stdout and "ready" in status.stdout and "prefill 0/1024" in status.stdout
+        trace = tmp_path / "trace.csv"
+        bench = trtpd("bench", "--name", "cli", "--num-requests", "6", "--rate", "4", "--trace", str(trace), env=env)
+        assert bench.returncode == 0, bench.stdout + bench.stderr
+        assert len(trace.read_text().splitlines()) == 7
+    finally:
+        down = trtpd("down", "--name", "cli", env=env)
+    assert down.returncode == 0 and "stopped cli" in down.stdout
+    assert "no deployments" in trtpd("status", env=env).stdout
+    assert trtpd("down", "--name", "cli", env=env).returncode == 2
