@@ -92,9 +92,6 @@ class ModelSpec:
             raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         return num_tokens * self.kv_bytes_per_token(dtype)
 
-    def kv_bytes_per_layer(self, num_tokens: int, dtype: KvDtype | str) -> int:
-        return self.kv_bytes_per_request(num_tokens, dtype) // self.num_layers
-
     def weight_bytes(self, bytes_per_param: float) -> int:
         return int(self.num_params * bytes_per_param)
 

@@ -138,12 +138,3 @@ class ContinuousBatchScheduler:
             seq.block_table = []
         elif seq in self.waiting:
             self.waiting.remove(seq)
-
-    def find(self, request_id: str) -> SchedSequence | None:
-        for seq in self.running:
-            if seq.request_id == request_id:
-                return seq
-        for seq in self.waiting:
-            if seq.request_id == request_id:
-                return seq
-        return None

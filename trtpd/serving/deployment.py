@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +86,3 @@ def list_deployments() -> list[Deployment]:
         return []
     return [Deployment.load(p.parent.name) for p in sorted(root.glob("*/deployment.json"))]
 
-
-def remove(name: str) -> None:
-    shutil.rmtree(deployment_dir(name), ignore_errors=True)
