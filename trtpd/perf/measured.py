@@ -39,6 +39,8 @@ class ServingOverhead(BaseModel):
     response_latency_s: float = Field(default=0.0, ge=0, description="added to every response (request path)")
     step_overhead_s: float = Field(default=0.0, ge=0, description="added to every decode step")
     per_sequence_step_s: float = Field(default=0.0, ge=0, description="added to a decode step per sequence in it")
+    decode_contention: float = Field(default=0.0, ge=0, description="relative slowdown of a decode step while a "
+                                     "prefill batch computes on the same host (shared cores; 0 on GPUs)")
 
 
 class MeasuredProfile(BaseModel):

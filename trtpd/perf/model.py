@@ -30,6 +30,7 @@ class InstancePerf:
     kv_capacity_tokens: int
     kv_bytes_per_token: int  # whole request (all TP shards), in the KV dtype: what crosses the link
     response_latency_s: float = 0.0   # measured serving path latency (reference profiles with --serving)
+    decode_contention: float = 0.0    # measured decode slowdown while prefill computes on shared cores
 
     @property
     def source(self) -> str:
@@ -48,4 +49,4 @@ def instance_perf(model: ModelSpec, hardware: HardwareProfile, tp: int = 1, weig
     capacity = measured.kv_capacity_tokens or roofline.kv_capacity_tokens
     serving = measured.serving.get(mode) if mode else None
     return InstancePerf(MeasuredPerfModel(measured, serving), tp, capacity, model.kv_bytes_per_token(kv),
-                        serving.response_latency_s if serving else 0.0)
+                        serving.response_latency_s if serving else 0.0, serving.decode_contention if serving else 0.0)

@@ -122,7 +122,7 @@ def disaggregated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Clu
         decode=BatchRole(opts.num_decode, di.perf, di.kv_capacity_tokens, decode_sched),
         kv_link=KvLinkSpec(bw, opts.kv_link_latency_s, di.kv_bytes_per_token),
         tokens_per_block=opts.tokens_per_block, first_token_at=opts.first_token_at,
-        response_latency_s=di.response_latency_s)
+        response_latency_s=di.response_latency_s, decode_contention=di.decode_contention)
 
 
 def colocated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: ClusterOptions) -> ClusterSpec:

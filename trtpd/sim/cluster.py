@@ -45,6 +45,7 @@ class ClusterSpec:
     first_token_at: Literal["prefill", "decode"] = "decode"
     routing: Literal["least_loaded", "round_robin"] = "least_loaded"
     response_latency_s: float = 0.0   # the serving path delays every response by this (measured)
+    decode_contention: float = 0.0    # decode steps run this much slower while a prefill batch computes
 
     def __post_init__(self) -> None:
         if self.decode is None:

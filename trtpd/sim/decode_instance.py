@@ -47,7 +47,8 @@ class DecodeInstance:
     def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: BatchSchedulerConfig,
                  num_blocks: int, tokens_per_block: int, link: KvLink, kv_bytes_per_token: int,
                  records: RequestRecords, first_token_at_decode: bool,
-                 on_kv_pulled: Callable[[float, int], None], exact_steps: bool = False) -> None:
+                 on_kv_pulled: Callable[[float, int], None], exact_steps: bool = False,
+                 contention: Callable[[], float] | None = None) -> None:
         self.index = index
         self.loop = loop
         self.perf = perf
@@ -59,6 +60,7 @@ class DecodeInstance:
         self.records = records
         self.first_token_at_decode = first_token_at_decode
         self.on_kv_pulled = on_kv_pulled   # (now_s, request index): lets prefill free its copy
+        self.contention = contention       # () -> step slowdown factor from other work on shared cores
         self.is_stepping = False
         self.num_steps = 0                 # completed steps
         self.num_ready = 0                 # sequences in the current/next step
@@ -125,6 +127,8 @@ class DecodeInstance:
             self.is_stepping = False
             return
         duration_s = self.perf.decode_step_s(self.num_ready, self.total_context_tokens)
+        if self.contention is not None:
+            duration_s *= self.contention()
         self.busy_s += duration_s
         self.sum_batch_steps += self.num_ready
         self.is_stepping = True

@@ -65,7 +65,8 @@ class Simulator:
                                            _blocks(c.decode.kv_capacity_tokens, tpb), tpb,
                                            KvLink(c.kv_link.bytes_per_s, c.kv_link.latency_s),
                                            c.kv_link.kv_bytes_per_token, self.records,
-                                           c.first_token_at == "decode", self._on_kv_pulled, exact_steps)
+                                           c.first_token_at == "decode", self._on_kv_pulled, exact_steps,
+                                           self._contention if c.decode_contention else None)
                             for i in range(c.decode.num_instances)]
         else:
             self.colocated = [ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
@@ -114,6 +115,10 @@ class Simulator:
         else:
             target = decodes[next(self._decode_round_robin)]
         target.add(now_s, index)
+
+    def _contention(self) -> float:
+        """Slowdown factor of a decode step that starts now (shared cores: a prefill batch computing)."""
+        return 1.0 + self.cluster.decode_contention if any(p.is_busy for p in self.prefills) else 1.0
 
     def _on_kv_pulled(self, now_s: float, index: int) -> None:
         self.prefills[self.records.prefill_instance[index]].release_kv(now_s, self.records.input_tokens[index])
