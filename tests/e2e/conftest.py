@@ -125,37 +125,31 @@ class Server:
         raise AssertionError(f"{model}: {last} free KV blocks after {timeout_s} s, expected {expected}")
 
 
-def _up(name: str, spec: ReferenceDeployment) -> Server:
+def _deployed(name: str, spec: ReferenceDeployment):
+    """Body of a session fixture: start the deployment, hand it to the tests, stop it."""
     dep = deployment.up(name, spec, replace=True)
-    return Server(dep.server, name)
+    yield Server(dep.server, name)
+    deployment.down(name)
 
 
 @pytest.fixture(scope="session")
 def fp16_disagg(trtpd_home, fp16_root):
-    srv = _up("e2e-fp16-disagg", ReferenceDeployment(fp16_root, mode="disaggregated"))
-    yield srv
-    deployment.down(srv.name)
+    yield from _deployed("e2e-fp16-disagg", ReferenceDeployment(fp16_root, mode="disaggregated"))
 
 
 @pytest.fixture(scope="session")
 def fp16_coloc(trtpd_home, fp16_root):
-    srv = _up("e2e-fp16-coloc", ReferenceDeployment(fp16_root, mode="colocated", colocated_instances=2))
-    yield srv
-    deployment.down(srv.name)
+    yield from _deployed("e2e-fp16-coloc", ReferenceDeployment(fp16_root, mode="colocated", colocated_instances=2))
 
 
 @pytest.fixture(scope="session")
 def fp8_disagg(trtpd_home, fp8_root):
-    srv = _up("e2e-fp8-disagg", ReferenceDeployment(fp8_root, mode="disaggregated", kv_transport="tcp"))
-    yield srv
-    deployment.down(srv.name)
+    yield from _deployed("e2e-fp8-disagg", ReferenceDeployment(fp8_root, mode="disaggregated", kv_transport="tcp"))
 
 
 @pytest.fixture(scope="session")
 def fp8_coloc(trtpd_home, fp8_root):
-    srv = _up("e2e-fp8-coloc", ReferenceDeployment(fp8_root, mode="colocated", colocated_instances=1))
-    yield srv
-    deployment.down(srv.name)
+    yield from _deployed("e2e-fp8-coloc", ReferenceDeployment(fp8_root, mode="colocated", colocated_instances=1))
 
 
 @pytest.fixture(scope="session")

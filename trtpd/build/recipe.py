@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from trtpd.errors import ConfigError
+from trtpd.perf.yaml_io import load_yaml_model
 
 ROLES = ("prefill", "decode")
 
@@ -74,16 +74,7 @@ def recipes_dir() -> Path:
 def _load(path: Path, model: type[_Strict]) -> _Strict:
     if not path.is_file():
         raise ConfigError(f"{path}: recipe file missing")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{path}: key {key!r}: {first['msg']}") from None
+    return load_yaml_model(model, path)
 
 
 def load_recipes(folder: Path | None = None) -> Recipes:

@@ -16,6 +16,7 @@ from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchSchedule
 from trtpd.sim.events import EventLoop
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
+from trtpd.sim.stepping import SteppingInstance
 
 
 def mixed_step_s(perf: PerfModel, prefill_tokens: int, sum_sq_tokens: int, batch_size: int,
@@ -29,7 +30,7 @@ def mixed_step_s(perf: PerfModel, prefill_tokens: int, sum_sq_tokens: int, batch
     return duration
 
 
-class ColocatedInstance:
+class ColocatedInstance(SteppingInstance):
     def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: BatchSchedulerConfig,
                  num_blocks: int, tokens_per_block: int, records: RequestRecords,
                  exact_steps: bool = False) -> None:
@@ -84,20 +85,10 @@ class ColocatedInstance:
             self.is_stepping = False
             return
         duration_s = mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
-        self.busy_s += duration_s
-        self.sum_batch_steps += self.num_ready
-        self.is_stepping = True
-        self.loop.push(now_s + duration_s, self._step_done)
+        self._begin_step(now_s, duration_s)
 
     def _step_done(self, now_s: float, _: object = None) -> None:
-        self.num_steps += 1
-        self.total_context_tokens += self.num_ready
-        finishing = self.finishing
-        while finishing and finishing[0][0] == self.num_steps:
-            seq = heapq.heappop(finishing)[2]
-            self.num_ready -= 1
-            self.total_context_tokens -= seq.num_prompt_tokens + seq.max_new_tokens
-            self._finish(now_s, seq)
+        self._end_step(now_s)
         records = self.records
         for seq in self.prefilling:       # prompts prefilled in this step: first token out now
             i = seq.request_id
@@ -112,7 +103,7 @@ class ColocatedInstance:
             seq.last_step = seq.first_step + seq.max_new_tokens - 2
             self.total_context_tokens += seq.num_prompt_tokens + 1
             self.num_ready += 1
-            heapq.heappush(finishing, (seq.last_step, i, seq))
+            heapq.heappush(self.finishing, (seq.last_step, i, seq))
         self.prefilling = ()
         self._start_step(now_s)
 

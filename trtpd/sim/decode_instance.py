@@ -24,6 +24,7 @@ from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchSchedule
 from trtpd.sim.events import EventLoop
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
+from trtpd.sim.stepping import SteppingInstance
 
 
 class KvLink:
@@ -43,7 +44,7 @@ class KvLink:
         return self.free_at_s
 
 
-class DecodeInstance:
+class DecodeInstance(SteppingInstance):
     def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: BatchSchedulerConfig,
                  num_blocks: int, tokens_per_block: int, link: KvLink, kv_bytes_per_token: int,
                  records: RequestRecords, first_token_at_decode: bool,
@@ -129,20 +130,10 @@ class DecodeInstance:
         duration_s = self.perf.decode_step_s(self.num_ready, self.total_context_tokens)
         if self.contention is not None:
             duration_s *= self.contention()
-        self.busy_s += duration_s
-        self.sum_batch_steps += self.num_ready
-        self.is_stepping = True
-        self.loop.push(now_s + duration_s, self._step_done)
+        self._begin_step(now_s, duration_s)
 
     def _step_done(self, now_s: float, _: object = None) -> None:
-        self.num_steps += 1
-        self.total_context_tokens += self.num_ready
-        finishing = self.finishing
-        while finishing and finishing[0][0] == self.num_steps:
-            seq = heapq.heappop(finishing)[2]
-            self.num_ready -= 1
-            self.total_context_tokens -= seq.num_prompt_tokens + seq.max_new_tokens
-            self._finish(now_s, seq)
+        self._end_step(now_s)
         if self.scheduler.waiting and not self.exact_steps:
             self._admit(now_s)
         self._start_step(now_s)

@@ -61,5 +61,5 @@ def test_bad_recipe_names_file_and_key(tmp_path):
     for name in ("common", "prefill", "decode"):
         (tmp_path / f"{name}.yaml").write_text((recipes_dir() / f"{name}.yaml").read_text())
     (tmp_path / "decode.yaml").write_text("max_batch_size: 0\n")
-    with pytest.raises(ConfigError, match=r"decode.yaml: key 'max_batch_size'"):
+    with pytest.raises(ConfigError, match=r"decode.yaml: invalid content\n  max_batch_size: "):
         load_recipes(tmp_path)
