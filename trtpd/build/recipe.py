@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtpd import resources
 from trtpd.errors import ConfigError
 from trtpd.perf.yaml_io import load_yaml_model
 
@@ -62,13 +63,12 @@ class Recipes(_Strict):
 
 
 def recipes_dir() -> Path:
-    """build/tensorrtllm/ at the repository root (source checkout) or packaged under trtpd/."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here.parent / "build" / "tensorrtllm", here / "recipes" / "tensorrtllm"):
-        if (candidate / "common.yaml").is_file():
-            return candidate
-    raise ConfigError("cannot find the build/tensorrtllm/ recipes (common.yaml, prefill.yaml, decode.yaml); "
-                      "run trtpd from a source checkout or pass --recipes DIR")
+    """build/tensorrtllm/ from the installed package (trtpd/recipes/tensorrtllm) or the source checkout."""
+    folder = resources.recipes_dir()
+    if not (folder / "common.yaml").is_file():
+        raise ConfigError(f"{folder}: the recipes common.yaml, prefill.yaml, decode.yaml are missing; "
+                          f"reinstall trtpd or pass --recipes DIR")
+    return folder
 
 
 def _load(path: Path, model: type[_Strict]) -> _Strict:

@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from trtpd.errors import ConfigError
 from trtpd.perf.measured import MeasuredProfile
 from trtpd.perf.yaml_io import config_path, dump_yaml, load_yaml_model
+from trtpd.resources import configs_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-HARDWARE_DIR = REPO_ROOT / "configs" / "hardware"
+HARDWARE_DIR = configs_dir("hardware")
 
 ComputeDtype = Literal["fp32", "fp16", "bf16", "fp8"]
 

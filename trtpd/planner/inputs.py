@@ -8,9 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtpd.perf.yaml_io import config_path, load_yaml_model
+from trtpd.resources import configs_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SLO_DIR = REPO_ROOT / "configs" / "slo"
+SLO_DIR = configs_dir("slo")
 
 
 class Slo(BaseModel):

@@ -27,10 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtpd.errors import ConfigError
 from trtpd.perf.yaml_io import config_path, load_model, read_yaml
+from trtpd.resources import configs_dir
 from trtpd.sim.lengths import LengthDistribution, LengthStats, TraceLengths, read_trace_column
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-WORKLOAD_DIR = REPO_ROOT / "configs" / "workloads"
+WORKLOAD_DIR = configs_dir("workloads")
 
 
 class ArrivalSpec(BaseModel):
