@@ -10,19 +10,20 @@ become ready (frame.py describes the protocol), and a reaper releases exports wh
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import threading
 import time
 from typing import Callable
 
-from trtpd.kv import frame
+from trtpd.kv import auth, frame
 from trtpd.kv.endpoint import TRANSPORTS, KvEndpoint
 from trtpd.kv.errors import (KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError, KvHandleError,
                              KvProtocolError)
 from trtpd.kv.export_table import Abort, Export, ExportCounters, ExportTable
 from trtpd.kv.frame import ErrorCode, Kind
 from trtpd.kv.handle import HANDLE_VERSION, MAX_HANDLE_BYTES, ContextPhaseParams, check_key, decode, encode
-from trtpd.kv.pool import KvPool
+from trtpd.kv.pool import SHM_DIR, KvPool
 from trtpd.kv.shm_source import ShmPoolIdentity
 from trtpd.kv.spans import check_blocks, layer_stride_bytes, pool_bytes, request_spans
 from trtpd.errors import ConfigError
@@ -43,6 +44,13 @@ class KvExporter:
         if transfer_timeout_s <= 0:
             raise ConfigError(f"transfer_timeout_s must be positive, got {transfer_timeout_s}")
         check_key(key)
+        if transport == "shm":
+            # The segment is the pool itself: only this uid may map it (KvPool creates it 0600). A decode
+            # instance of another uid cannot open it, whatever handle it holds; refuse a pool others can read.
+            mode = os.stat(SHM_DIR / pool.shm_name).st_mode & 0o777
+            if mode & 0o077:
+                raise ConfigError(f"KV pool segment {SHM_DIR / pool.shm_name} has mode {mode:04o}: other users "
+                                  f"could read or write the KV cache; it must be 0600 (create it with KvPool)")
         self.pool = pool
         self.transport = transport
         self.transfer_timeout_s = transfer_timeout_s
@@ -174,12 +182,20 @@ class KvExporter:
         export, why = None, "pull connection broke"
         try:
             sock.settimeout(PULL_REQUEST_TIMEOUT_S)
-            request, blob = frame.recv_frame(sock, MAX_HANDLE_BYTES)
+            nonce = auth.new_nonce()       # the challenge: fresh per connection, so no proof can be replayed
+            frame.send_frame(sock, Kind.HELLO, nonce)
+            request, payload = frame.recv_frame(sock, MAX_HANDLE_BYTES + auth.PROOF_BYTES + auth.NONCE_BYTES)
             if request.kind != Kind.PULL:
                 raise KvProtocolError(f"expected a PULL frame, got {request.kind.name}")
+            try:   # before the handle is even parsed: without the key, a handle gives nothing
+                importer_nonce, blob = auth.unpack_pull(self._key, nonce, payload)
+            except auth.KvPeerAuthError as e:
+                raise Abort(ErrorCode.UNAUTHENTICATED, f"{self.endpoint} refused the pull: {e}") from None
             params = self._verify(blob)
             export = self._table.attach(params.request_id, params.issued_at_s)
-            accept = self._shm_identity.pack_accept(export.block_ids) if self._shm_identity else b""
+            accept = auth.exporter_proof(self._key, nonce, importer_nonce, blob)
+            if self._shm_identity:
+                accept += self._shm_identity.pack_accept(export.block_ids)
             frame.send_frame(sock, Kind.ACCEPT, accept)
             self._send_layers(sock, export)
             first_token = self._table.wait_first_token(export)

@@ -1,16 +1,19 @@
 """The wire format between a KV importer (decode side) and a KV exporter (prefill side), and socket helpers.
 
 Every message is a 16-byte header (network byte order, struct "!4sBBHQ") and `payload_bytes` of payload:
-    magic          4 bytes  b"TKV1"
-    kind           1 byte   PULL=1 ACCEPT=2 LAYER=3 DONE=4 ACK=5 CONFIRM=6 ERROR=7
+    magic          4 bytes  b"TKV2"
+    kind           1 byte   PULL=1 ACCEPT=2 LAYER=3 DONE=4 ACK=5 CONFIRM=6 ERROR=7 HELLO=8
     code           1 byte   ERROR: an ErrorCode; otherwise 0
     layer          2 bytes  LAYER: the layer index; otherwise 0
     payload_bytes  8 bytes
 
-One pull, one TCP connection:
-    importer -> exporter  PULL      payload: the signed handle (as encode() made it)
-    exporter -> importer  ACCEPT    payload: tcp: none; shm: the segment's identity (36 bytes, shm_source.py),
-                                    then one u32 block id per block of the request
+One pull, one TCP connection (auth.py defines the proofs; the key is the deployment's KV key):
+    exporter -> importer  HELLO     payload: the exporter's nonce (32 random bytes, fresh per connection)
+    importer -> exporter  PULL      payload: proof (32) | importer nonce (32) | the signed handle (as encode()
+                                    made it); the exporter checks the proof before it reads the handle, and
+                                    answers ERROR UNAUTHENTICATED if it does not verify
+    exporter -> importer  ACCEPT    payload: the exporter's proof (32), then tcp: nothing; shm: the segment's
+                                    identity (36 bytes, shm_source.py), then one u32 block id per block
     exporter -> importer  LAYER l   for l = 0..L-1 in order, each as soon as prefill marks layer l ready.
                                     payload: tcp: the layer's valid K/V bytes in spans.py order, exactly
                                     num_tokens x 2 x kv_heads x head_size x dtype bytes; shm: none (the
@@ -20,9 +23,9 @@ One pull, one TCP connection:
     exporter -> importer  CONFIRM   the ACK came before any timeout or failure; only now is the pull good
 An ERROR (payload: a UTF-8 message) may replace any exporter message; the exporter then closes.
 
-So a tcp pull moves layout.bytes_for(num_tokens) + 16 x (num_layers + 3) + 8 bytes from exporter to importer,
-and 16 + len(handle) + 16 bytes back. A shm pull sends the same headers plus 36 + 4 x num_blocks bytes of
-ACCEPT payload on the socket, and the KV bytes through shared memory.
+So a tcp pull moves layout.bytes_for(num_tokens) + 16 x (num_layers + 4) + 32 + 32 + 8 bytes from exporter
+to importer, and 16 + 64 + len(handle) + 16 bytes back. A shm pull sends the same headers and proofs plus
+36 + 4 x num_blocks bytes of ACCEPT payload on the socket, and the KV bytes through shared memory.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from trtpd.kv.errors import KvProtocolError
 
 HEADER = struct.Struct("!4sBBHQ")
 HEADER_BYTES = HEADER.size   # 16
-MAGIC = b"TKV1"
+MAGIC = b"TKV2"          # TKV1 (no key proof) peers are refused at the first header
 MAX_IOV = 512                # buffers per sendmsg/recvmsg_into call, below Linux IOV_MAX (1024)
 
 
@@ -48,6 +51,7 @@ class Kind(enum.IntEnum):
     ACK = 5
     CONFIRM = 6
     ERROR = 7
+    HELLO = 8
 
 
 class ErrorCode(enum.IntEnum):
@@ -60,6 +64,7 @@ class ErrorCode(enum.IntEnum):
     BUSY = 7
     LAYOUT = 8
     CLOSING = 9
+    UNAUTHENTICATED = 10   # the puller did not prove it holds the deployment key
 
 
 class Frame(NamedTuple):

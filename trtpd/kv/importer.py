@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from trtpd.kv import frame
+from trtpd.kv import auth, frame
 from trtpd.kv.endpoint import KvEndpoint
 from trtpd.kv.errors import (KvConnectError, KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError,
                              KvHandleMalformedError, KvLayoutMismatchError, KvPrefillFailedError,
@@ -114,8 +114,19 @@ class _Pull:
 
     def _converse(self, sock: socket.socket, start_s: float, on_layer: Callable[[int], None] | None) -> PullResult:
         sock.settimeout(self._remaining_s())
-        frame.send_frame(sock, Kind.PULL, encode(self.params, self.importer._key))
+        key = self.importer._key
+        _, nonce = self._expect(sock, Kind.HELLO, "the exporter's challenge")
+        if len(nonce) != auth.NONCE_BYTES:
+            raise KvProtocolError(f"{self.where}: HELLO carries {len(nonce)} bytes, not a "
+                                  f"{auth.NONCE_BYTES}-byte nonce")
+        handle = encode(self.params, key)
+        pull, my_nonce = auth.pack_pull(key, nonce, handle)   # proves this side holds the deployment key
+        frame.send_frame(sock, Kind.PULL, pull)
         _, accept = self._expect(sock, Kind.ACCEPT, "the exporter to accept the pull")
+        if len(accept) < auth.PROOF_BYTES:
+            raise KvProtocolError(f"{self.where}: ACCEPT of {len(accept)} bytes carries no exporter proof")
+        auth.check_exporter_proof(key, nonce, my_nonce, handle, accept[:auth.PROOF_BYTES], self.where)
+        accept = accept[auth.PROOF_BYTES:]
         move_layer = self._shm_mover(accept) if self.endpoint.transport == "shm" else self._tcp_mover(sock)
         layer_done_s, layer_move_s = [], []
         for layer in range(self.layout.num_layers):
@@ -210,6 +221,8 @@ class _Pull:
             return KvLayoutMismatchError(f"{where}: KV layout mismatch: {message}", message.split("; "))
         if code == ErrorCode.CLOSING:
             return KvConnectError(f"{where}: {message}; {rerun} on another prefill instance")
+        if code == ErrorCode.UNAUTHENTICATED:
+            return auth.KvPeerAuthError(f"{self.where}: {message}")
         if code == ErrorCode.BUSY:
             return KvTransferError(f"{where}: {message}; a handle can be pulled once, by one decode instance")
         return KvTransferError(f"{where}: error code {code}: {message}")

@@ -3,6 +3,8 @@
 The pool can live in a named POSIX shared-memory segment, so that a decode process on the same host
 can map it and copy blocks straight out of it (the CPU analogue of CUDA IPC over NVLink).
 fp8 blocks are stored as uint8 holding float8_e4m3fn bits.
+A shared segment is created 0600 (O_EXCL, so an existing file of that name is never adopted): only its
+owner's uid can map it; other local users cannot read or write the KV cache through /dev/shm.
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ the pool's block count (ShmPoolIdentity, 36 bytes), then one u32 per block of th
 /dev/shm/<name> only if it is that very file, so a same-named segment of another host or container is
 never read. Mappings are cached per name and made again when the segment changes. MAP_POPULATE maps every
 page up front, so pulls do not pay page faults.
+
+Who can map a pool: the segment is created 0600 (pool.py), so only the prefill server's uid can open it.
+The shm name in a handle is no capability: another uid that learns it (or a whole handle) gets EACCES
+from open(), and the pull itself needs the deployment key (auth.py), so it never learns the block ids.
+The ACCEPT that names the segment's identity is authenticated by the exporter's proof, so a same-named
+file planted by someone else is refused by the device/inode check below.
 """
 
 from __future__ import annotations
@@ -90,6 +96,9 @@ class ShmPoolSources:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 raise KvConnectError(f"{where}: {path} does not exist here; {use_tcp}") from None
+            except PermissionError:
+                raise KvConnectError(f"{where}: permission denied opening {path}: the prefill pool is private to "
+                                     f"its owner (mode 0600); run decode as the same user as prefill") from None
             try:
                 stat = os.fstat(fd)
                 if (stat.st_dev, stat.st_ino) != (identity.device, identity.inode):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from trtpd.kv.auth import NONCE_BYTES, PROOF_BYTES
 from trtpd.kv.frame import HEADER_BYTES
 from trtpd.kv.importer import KvImporter
 from trtpd.kv.layout import KvLayout
@@ -86,7 +87,7 @@ def test_pull_is_bit_exact_and_moves_exactly_the_request_bytes(exporters, transp
     result = importer.pull(params, dst_ids)
     assert result.first_token == 31999
     assert result.bytes_moved == layout.bytes_for(num_tokens)
-    headers_bytes = HEADER_BYTES * (layout.num_layers + 3) + 8
+    headers_bytes = HEADER_BYTES * (layout.num_layers + 4) + 8 + NONCE_BYTES + PROOF_BYTES   # + HELLO, nonce, proof
     if transport == "tcp":
         assert result.wire_bytes == layout.bytes_for(num_tokens) + headers_bytes
     else:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from trtpd.kv.auth import KvPeerAuthError
 from trtpd.kv.errors import (KvConnectError, KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError,
                              KvLayoutMismatchError, KvPrefillFailedError, KvTransferTimeoutError)
 from trtpd.kv.handle import decode, generate_key
@@ -112,8 +113,9 @@ def test_forged_handle_is_refused_by_both_sides_and_the_real_export_survives(exp
     with pytest.raises(KvHandleForgedError):
         importer.verify(bytes(forged), time.time())
     params = importer.verify(handle, time.time())
-    impostor = KvImporter(KvPool(LAYOUT, 8), generate_key())     # signs its PULL with another key
-    with pytest.raises(KvHandleForgedError, match=r"prefill side refused the handle.*signature does not verify"):
+    impostor = KvImporter(KvPool(LAYOUT, 8), generate_key())     # holds the handle, but not the key
+    with pytest.raises(KvPeerAuthError, match=r"refused the pull: the puller did not prove it holds the "
+                                              r"deployment's KV key"):
         impostor.pull(params, [0, 1])
     stats = exporter.stats()
     assert (stats["num_refused"], stats["num_pending"], stats["bytes_sent"]) == (1, 1, 0)

@@ -13,7 +13,7 @@ from trtpd.kv.frame import Kind
 def test_header_is_16_bytes_in_network_order():
     data = frame.pack_header(Kind.LAYER, payload_bytes=0x0102030405, code=0, layer=79)
     assert frame.HEADER_BYTES == 16
-    assert data == b"TKV1" + bytes([3, 0]) + (79).to_bytes(2, "big") + (0x0102030405).to_bytes(8, "big")
+    assert data == b"TKV2" + bytes([3, 0]) + (79).to_bytes(2, "big") + (0x0102030405).to_bytes(8, "big")
     assert frame.unpack_header(data) == (Kind.LAYER, 0, 79, 0x0102030405)
 
 
