@@ -12,12 +12,17 @@ import torch
 
 from trtpd.engine.checkpoint import Checkpoint, load_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role
-from trtpd.engine.model import LlamaModel, check_batch_invariance
+from trtpd.engine.model import LlamaModel
+from trtpd.engine.row_tiles import BatchInvarianceReport, Linear, default_linear
 from trtpd.engine.tokenizer import Tokenizer
 from trtpd.errors import ConfigError
 from trtpd.kv.pool import KvPool
 
 log = logging.getLogger(__name__)
+
+
+class BatchInvarianceError(ConfigError):
+    """The batch-invariance check failed on this machine: the engine refuses to load."""
 
 
 @dataclass
@@ -38,6 +43,7 @@ class LoadedEngine:
     model: LlamaModel
     pool: KvPool
     engine: object
+    invariance: BatchInvarianceReport
 
     def close(self) -> None:
         for part in (self.engine, getattr(self.engine, "exporter", None), getattr(self.engine, "importer", None)):
@@ -46,7 +52,10 @@ class LoadedEngine:
         self.pool.close()
 
 
-def load_model(engine_dir: Path, num_threads: int = 1) -> tuple[EngineConfig, Checkpoint, LlamaModel]:
+def load_model(engine_dir: Path, num_threads: int = 1, linear: Linear = default_linear,
+               ) -> tuple[EngineConfig, Checkpoint, LlamaModel, BatchInvarianceReport]:
+    """Opens an engine folder and verifies batch invariance for every forward-pass size the engine
+    runs (up to its max_num_tokens); raises BatchInvarianceError if a row depends on its batch."""
     config = EngineConfig.load(engine_dir)
     if config.backend != "reference":
         raise ConfigError(f"{engine_dir}: backend {config.backend!r} engines run in Triton's tensorrtllm backend, "
@@ -55,25 +64,30 @@ def load_model(engine_dir: Path, num_threads: int = 1) -> tuple[EngineConfig, Ch
     if checkpoint.kv_dtype is not config.kv_dtype:
         raise ConfigError(f"{engine_dir}: engine kv_dtype {config.kv_dtype.value} differs from its checkpoint's "
                           f"{checkpoint.kv_dtype.value}; rebuild the engine")
-    torch.set_num_threads(num_threads)   # one thread: part of the batch-invariance recipe (see model.py)
-    weights = checkpoint.load_weights()
-    problems = check_batch_invariance(checkpoint.spec, weights)
-    if problems:
-        log.warning("batch invariance does not hold on this machine; greedy outputs may differ between "
-                    "batchings: %s", "; ".join(problems))
-    return config, checkpoint, LlamaModel(checkpoint.spec, weights, checkpoint.k_scales, checkpoint.v_scales)
+    torch.set_num_threads(num_threads)   # one thread: part of the batch-invariance recipe (see row_tiles.py)
+    model = LlamaModel(checkpoint.spec, checkpoint.load_weights(), checkpoint.k_scales, checkpoint.v_scales,
+                       linear=linear)
+    report = model.check_batch_invariance(config.max_num_tokens)
+    if not report.ok:
+        raise BatchInvarianceError(
+            f"{engine_dir}: batch invariance does not hold on this machine ({torch.__version__}, "
+            f"{torch.backends.cpu.get_cpu_capability()}), so disaggregated and colocated outputs could differ; "
+            f"refusing to load. {'; '.join(report.problems)}")
+    log.info("batch invariance verified for forward passes of 1..%d rows (%d sizes, tiles of %d rows) in %.2f s",
+             report.max_rows, report.num_row_counts, report.tile_rows, report.seconds)
+    return config, checkpoint, model, report
 
 
 def load_engine(engine_dir: Path, kv: KvTransferOptions | None = None, role: Role | None = None) -> LoadedEngine:
     kv = kv or KvTransferOptions()
-    config, checkpoint, model = load_model(Path(engine_dir))
+    config, checkpoint, model, invariance = load_model(Path(engine_dir))
     role = role or config.role
     layout = checkpoint.layout(config.tokens_per_block)
     tokenizer = checkpoint.load_tokenizer()
     if role is Role.COLOCATED:
         from trtpd.engine.colocated_engine import ColocatedEngine
         pool = KvPool(layout, config.num_kv_blocks)
-        return LoadedEngine(config, checkpoint, tokenizer, model, pool, ColocatedEngine(config, model, pool))
+        return LoadedEngine(config, checkpoint, tokenizer, model, pool, ColocatedEngine(config, model, pool), invariance)
     from trtpd.kv.handle import load_or_create_key_file
     if kv.key_file is None:
         raise ConfigError(f"{engine_dir}: the {role.value} role needs the deployment's KV key file (kv_key_file)")
@@ -86,9 +100,9 @@ def load_engine(engine_dir: Path, kv: KvTransferOptions | None = None, role: Rol
         pool = KvPool(layout, config.num_kv_blocks, shm_name=shm_name)
         exporter = KvExporter(pool, key, transport=kv.transport, host=kv.host, port=kv.port,
                               transfer_timeout_s=kv.timeout_ms / 1000.0)
-        return LoadedEngine(config, checkpoint, tokenizer, model, pool, PrefillEngine(config, model, pool, exporter))
+        return LoadedEngine(config, checkpoint, tokenizer, model, pool, PrefillEngine(config, model, pool, exporter), invariance)
     from trtpd.engine.decode_engine import DecodeEngine
     from trtpd.kv.importer import KvImporter
     pool = KvPool(layout, config.num_kv_blocks)
     return LoadedEngine(config, checkpoint, tokenizer, model, pool,
-                        DecodeEngine(config, model, pool, KvImporter(pool, key)))
+                        DecodeEngine(config, model, pool, KvImporter(pool, key)), invariance)

@@ -1,14 +1,14 @@
 """The reference decoder: Llama architecture (RMSNorm, RoPE, GQA, SwiGLU) over a paged KV cache.
 
-Batch invariance. Greedy output through the disaggregated path must equal the colocated path token
-for token, although the two batch requests differently. So every row's result must not depend on
-which other rows share its batch:
-- linear layers see rows padded to a multiple of 8 (MKL's small-M kernels, M < 4, accumulate in a
-  different order), on one thread per process (thread splits can create such small blocks);
-  `check_batch_invariance` verifies this on the running machine;
+Batch invariance (greedy output through the disaggregated path equals the colocated path bit for
+bit) is built in, not hoped for; the recipe and why it holds on any x86-64 CPU are in row_tiles.py:
+- every row-wise computation (norms, the fused QKV projection, the output projection and MLP, the
+  LM head) runs on tiles of exactly TILE_ROWS rows, one thread per process;
 - attention runs per sequence, on K/V read back from the cache (so prefill attention sees exactly
   the cache-dtype values that decode will see);
-- norms, RoPE and activations are row-wise.
+- RoPE and residual adds are elementwise.
+`LlamaModel.check_batch_invariance` verifies it on the running machine; the loader refuses to load
+an engine for which it fails.
 """
 
 from __future__ import annotations
@@ -21,22 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from trtpd.catalog import KvDtype, ModelSpec
+from trtpd.engine.row_tiles import (BatchInvarianceReport, Linear, check_batch_invariance, concat_weights,
+                                    default_linear, pad_rows, padded_rows, rms_norm, tile_map)
 from trtpd.kv.pool import KvPool
 
-ROW_PAD = 8
 FP8_MAX = 448.0
-
-
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    rows = x.shape[0]
-    padded = max(ROW_PAD, -(-rows // ROW_PAD) * ROW_PAD)
-    if padded != rows:
-        x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
-    return F.linear(x, weight)[:rows]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 @dataclass
@@ -58,16 +47,58 @@ class SeqChunk:
 
 class LlamaModel:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor],
-                 k_scales: Sequence[float], v_scales: Sequence[float]) -> None:
+                 k_scales: Sequence[float], v_scales: Sequence[float], linear: Linear = default_linear) -> None:
         self.spec = spec
         self.w = weights
         self.k_scales = [float(s) for s in k_scales]
         self.v_scales = [float(s) for s in v_scales]
+        self.linear = linear
         half = spec.head_size // 2
         inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
         angles = torch.outer(torch.arange(spec.max_position_embeddings, dtype=torch.float64), inv_freq)
         self.cos = torch.cos(angles).float()
         self.sin = torch.sin(angles).float()
+        # fused projections: fewer tile calls, the same rows
+        self.qkv_w = [concat_weights(weights[f"model.layers.{i}.self_attn.{n}_proj.weight"] for n in "qkv")
+                      for i in range(spec.num_layers)]
+        self.gate_up_w = [concat_weights(weights[f"model.layers.{i}.mlp.{n}_proj.weight"] for n in ("gate", "up"))
+                          for i in range(spec.num_layers)]
+
+    # ---- the row-wise blocks, each called on one TILE_ROWS-row tile ----------------------
+    def _qkv_rows(self, i: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        norm_w = self.w[f"model.layers.{i}.input_layernorm.weight"]
+        eps = self.spec.rms_norm_eps
+        return lambda h: self.linear(rms_norm(h, norm_w, eps), self.qkv_w[i])
+
+    def _mlp_rows(self, i: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        p, eps, inter = f"model.layers.{i}.", self.spec.rms_norm_eps, self.spec.intermediate_size
+        o_w, norm_w, down_w = (self.w[p + "self_attn.o_proj.weight"], self.w[p + "post_attention_layernorm.weight"],
+                               self.w[p + "mlp.down_proj.weight"])
+
+        def rows(h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+            h = h + self.linear(attn, o_w)
+            gate_up = self.linear(rms_norm(h, norm_w, eps), self.gate_up_w[i])
+            return h + self.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+        return rows
+
+    def _head_rows(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        norm_w, head_w, eps = self.w["model.norm.weight"], self.w["lm_head.weight"], self.spec.rms_norm_eps
+        return lambda h: self.linear(rms_norm(h, norm_w, eps), head_w)
+
+    def _split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        spec, d = self.spec, self.spec.head_size
+        nq, nkv = spec.num_heads * d, spec.num_kv_heads * d
+        return (qkv[:, :nq].reshape(-1, spec.num_heads, d), qkv[:, nq:nq + nkv].reshape(-1, spec.num_kv_heads, d),
+                qkv[:, nq + nkv:].reshape(-1, spec.num_kv_heads, d))
+
+    def check_batch_invariance(self, max_rows: int) -> BatchInvarianceReport:
+        """Verifies on this machine, for every forward-pass size up to `max_rows`, that each row-wise
+        block gives every row the result it has alone (layer 0's blocks and the LM head: all layers
+        have the same shapes, and kernels are chosen by shape)."""
+        h, q = self.spec.hidden_size, self.spec.num_heads * self.spec.head_size
+        blocks = {"qkv projection": (self._qkv_rows(0), [h]), "output projection + MLP": (self._mlp_rows(0), [h, q]),
+                  "LM head": (self._head_rows(), [h])}
+        return check_batch_invariance(blocks, max_rows)
 
     # ---- KV cache I/O ---------------------------------------------------------------------
     def _to_cache(self, x: torch.Tensor, scale: float, dtype: KvDtype) -> torch.Tensor:
@@ -128,17 +159,13 @@ class LlamaModel:
         bounds = [0]
         for c in chunks:
             bounds.append(bounds[-1] + c.num_tokens)
-        h = w["model.embed_tokens.weight"][ids]
-        kvh, d = spec.num_kv_heads, spec.head_size
+        num_rows = bounds[-1]
+        h = pad_rows(w["model.embed_tokens.weight"][ids], padded_rows(num_rows))
         tpb = pool.layout.tokens_per_block
         slot_blocks, slot_offsets = self._slots(chunks, tpb)
         read_blocks = [torch.tensor(c.block_table[:-(-c.end_pos // tpb)], dtype=torch.long) for c in chunks]
         for i in range(spec.num_layers):
-            p = f"model.layers.{i}."
-            x = rms_norm(h, w[p + "input_layernorm.weight"], spec.rms_norm_eps)
-            q = invariant_linear(x, w[p + "self_attn.q_proj.weight"]).view(-1, spec.num_heads, d)
-            k = invariant_linear(x, w[p + "self_attn.k_proj.weight"]).view(-1, kvh, d)
-            v = invariant_linear(x, w[p + "self_attn.v_proj.weight"]).view(-1, kvh, d)
+            q, k, v = self._split_qkv(tile_map(self._qkv_rows(i), h)[:num_rows])
             q, k = self._rope(q, positions), self._rope(k, positions)
             layer = pool.layers[i]
             layer[slot_blocks, 0, slot_offsets] = self._to_cache(k, self.k_scales[i], dtype)
@@ -151,37 +178,24 @@ class LlamaModel:
                 attn.append(self._attention(q[bounds[j]:bounds[j + 1]], kc, vc, c))
             if on_layer_done is not None:
                 on_layer_done(i)
-            h = h + invariant_linear(torch.cat(attn), w[p + "self_attn.o_proj.weight"])
-            x = rms_norm(h, w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps)
-            gate = invariant_linear(x, w[p + "mlp.gate_proj.weight"])
-            up = invariant_linear(x, w[p + "mlp.up_proj.weight"])
-            h = h + invariant_linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"])
+            h = tile_map(self._mlp_rows(i), h, pad_rows(torch.cat(attn), h.shape[0]))
         last = torch.tensor([b - 1 for b in bounds[1:]], dtype=torch.long)
-        x = rms_norm(h[last], w["model.norm.weight"], spec.rms_norm_eps)
-        return invariant_linear(x, w["lm_head.weight"])
+        return tile_map(self._head_rows(), pad_rows(h[last], padded_rows(len(chunks))))[:len(chunks)]
 
     def kv_amax(self, token_ids: list[int]) -> tuple[list[float], list[float]]:
         """Per-layer max |K| and |V| for a prompt (FP8 KV calibration), computed in fp32."""
-        spec, w = self.spec, self.w
-        ids = torch.tensor(token_ids, dtype=torch.long)
-        positions = torch.arange(len(token_ids))
-        h = w["model.embed_tokens.weight"][ids]
+        n = len(token_ids)
+        positions = torch.arange(n)
+        h = pad_rows(self.w["model.embed_tokens.weight"][torch.tensor(token_ids, dtype=torch.long)], padded_rows(n))
         k_amax, v_amax = [], []
-        d = spec.head_size
-        for i in range(spec.num_layers):
-            p = f"model.layers.{i}."
-            x = rms_norm(h, w[p + "input_layernorm.weight"], spec.rms_norm_eps)
-            q = self._rope(invariant_linear(x, w[p + "self_attn.q_proj.weight"]).view(-1, spec.num_heads, d), positions)
-            k = self._rope(invariant_linear(x, w[p + "self_attn.k_proj.weight"]).view(-1, spec.num_kv_heads, d), positions)
-            v = invariant_linear(x, w[p + "self_attn.v_proj.weight"]).view(-1, spec.num_kv_heads, d)
+        for i in range(self.spec.num_layers):
+            q, k, v = self._split_qkv(tile_map(self._qkv_rows(i), h)[:n])
+            q, k = self._rope(q, positions), self._rope(k, positions)
             k_amax.append(float(k.abs().max()))
             v_amax.append(float(v.abs().max()))
             attn = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                                   is_causal=True, enable_gqa=True)
-            h = h + invariant_linear(attn.transpose(0, 1).reshape(len(token_ids), -1), w[p + "self_attn.o_proj.weight"])
-            x = rms_norm(h, w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps)
-            h = h + invariant_linear(F.silu(invariant_linear(x, w[p + "mlp.gate_proj.weight"]))
-                                     * invariant_linear(x, w[p + "mlp.up_proj.weight"]), w[p + "mlp.down_proj.weight"])
+            h = tile_map(self._mlp_rows(i), h, pad_rows(attn.transpose(0, 1).reshape(n, -1), h.shape[0]))
         return k_amax, v_amax
 
 
@@ -214,18 +228,3 @@ def init_weights(spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:
     w["model.norm.weight"] = torch.ones(h)
     w["lm_head.weight"] = rand(spec.vocab_size, h)
     return w
-
-
-def check_batch_invariance(spec: ModelSpec, weights: dict[str, torch.Tensor], trials: int = 8) -> list[str]:
-    """Checks on this machine that each linear layer's rows do not depend on their batch."""
-    gen = torch.Generator().manual_seed(0)
-    problems = []
-    names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight", "lm_head.weight"]
-    for name in names:
-        weight = weights[name]
-        x = torch.randn(64, weight.shape[1], generator=gen)
-        solo = torch.cat([invariant_linear(x[i:i + 1], weight) for i in range(x.shape[0])])
-        for rows in (2, 3, 5, 8, 13, 64)[:trials]:
-            if not torch.equal(invariant_linear(x[:rows], weight), solo[:rows]):
-                problems.append(f"{name}: a batch of {rows} rows differs from the same rows one by one")
-    return problems

@@ -23,7 +23,7 @@ from trtpd.sched.block_allocator import num_blocks_for
 
 @lru_cache(maxsize=4)
 def _model(engine_dir: str) -> tuple[EngineConfig, LlamaModel, object]:
-    config, checkpoint, model = load_model(Path(engine_dir))
+    config, checkpoint, model, _ = load_model(Path(engine_dir))
     return config, model, checkpoint.layout(config.tokens_per_block)
 
 

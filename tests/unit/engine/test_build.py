@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from trtpd.build.manifest import load_manifest
 from trtpd.engine.build import build_reference
@@ -49,3 +50,15 @@ def test_bad_input_is_refused_and_leaves_nothing(tmp_path, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         build_reference(engines_dir=tmp_path, **kwargs)
     assert not any(tmp_path.rglob("*.json"))
+
+
+def test_an_engine_whose_kernel_is_not_batch_invariant_refuses_to_load(fp16_root):
+    from trtpd.engine.loader import BatchInvarianceError, load_model
+
+    def coupled(x, weight):
+        return torch.nn.functional.linear(x, weight) + 1e-6 * x.sum(0, keepdim=True).mean()
+
+    with pytest.raises(BatchInvarianceError, match="batch invariance does not hold on this machine.*refusing to load"):
+        load_model(fp16_root / "prefill-tp1", linear=coupled)
+    config, _, _, report = load_model(fp16_root / "prefill-tp1")
+    assert report.ok and report.max_rows == config.max_num_tokens

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from trtpd.catalog import get_model
-from trtpd.engine.model import LlamaModel, SeqChunk, check_batch_invariance, init_weights
+from trtpd.engine.model import LlamaModel, SeqChunk, init_weights
+from trtpd.engine.row_tiles import TILE_ROWS, row_counts_to_check
 from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import KvPool
 
@@ -30,8 +31,48 @@ def generate(model, pool, prompt, table, steps):
     return out
 
 
-def test_batch_invariance_holds_on_this_machine():
-    assert check_batch_invariance(SPEC, init_weights(SPEC, 0)) == []
+def test_batch_invariance_holds_on_this_machine(model):
+    report = model.check_batch_invariance(4096)
+    assert report.ok, report.problems
+    assert report.max_rows == 4096 and report.tile_rows == TILE_ROWS
+
+
+def test_row_counts_cover_every_tail_and_the_largest_pass():
+    counts = row_counts_to_check(4096)
+    assert counts[:2 * TILE_ROWS + 1] == list(range(1, 2 * TILE_ROWS + 2))
+    assert counts[-1] == 4096 and 4 * TILE_ROWS + 1 in counts
+    assert row_counts_to_check(5) == [1, 2, 3, 4, 5]
+
+
+def _coupled(x, weight):
+    """Deliberately not batch-invariant: every row picks up a trace of the other rows in its tile."""
+    return torch.nn.functional.linear(x, weight) + 1e-6 * x.sum(0, keepdim=True).mean()
+
+
+def _position_dependent(x, weight):
+    """Deliberately not batch-invariant: a row's result depends on its position in the tile."""
+    out = torch.nn.functional.linear(x, weight)
+    return out + 1e-6 * torch.arange(x.shape[0], dtype=out.dtype).unsqueeze(1)
+
+
+@pytest.mark.parametrize("kernel", [_coupled, _position_dependent])
+def test_the_check_catches_a_non_invariant_kernel(model, kernel):
+    bad = LlamaModel(SPEC, model.w, model.k_scales, model.v_scales, linear=kernel)
+    report = bad.check_batch_invariance(64)
+    assert not report.ok
+    assert {p.split(":")[0] for p in report.problems} == {"qkv projection", "output projection + MLP", "LM head"}
+    assert "differ from the same rows computed alone" in report.problems[0]
+
+
+def test_a_mixed_batch_of_every_tail_size_gives_each_row_its_solo_logits(model):
+    """Forward passes of 1..2 tiles + 1 rows: decode rows next to a prefill, every row bit-exact."""
+    pool = KvPool(KvLayout.for_model(SPEC, "fp16", 32), 256)
+    ps = prompts(lengths=(40,) + (1,) * (2 * TILE_ROWS))
+    tables = [list(range(i * 4, i * 4 + 4)) for i in range(len(ps))]
+    solo = [model.forward([SeqChunk(p, 0, t)], pool)[0] for p, t in zip(ps, tables)]
+    for n in (1, 2, TILE_ROWS - 1, TILE_ROWS, TILE_ROWS + 1, 2 * TILE_ROWS + 1):
+        batched = model.forward([SeqChunk(p, 0, t) for p, t in zip(ps[:n], tables[:n])], pool)
+        assert all(torch.equal(batched[i], solo[i]) for i in range(n)), n
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp8"])
