@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from trtpd.bench.client import BenchRequest, RequestResult, run_stream
+from trtpd.bench.options import DemoOptions
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.bench.stats import BenchSummary, comparison_table, summarize
 from trtpd.engine.build import build_reference
@@ -40,20 +41,6 @@ def bench_url(url: str, requests: list[BenchRequest], label: str, console: Conso
                   console=console, transient=False) as progress:
         task = progress.add_task(label, total=len(requests))
         return run_stream(url, requests, timeout_s=timeout_s, on_done=lambda _: progress.advance(task))
-
-
-@dataclass
-class DemoOptions:
-    engines_dir: Path = Path("engines")
-    model: str = "tiny-llama"
-    kv_dtype: str = "fp16"
-    kv_transport: str = "shm"
-    workload: str = "cpu-demo"
-    rate_per_s: float = 3.0
-    num_requests: int = 40
-    seed: int = 0
-    colocated_instances: int = 2
-    output: Path = Path("out/demo.json")
 
 
 def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, BenchSummary]:

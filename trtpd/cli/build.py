@@ -7,12 +7,18 @@ import sys
 from pathlib import Path
 
 from trtpd.build.versions import PINNED
+from trtpd.cli import args as a
 from trtpd.errors import ConfigError
 
 _INT_FLAGS = ("prefill-tp", "decode-tp", "prefill-pp", "decode-pp", "prefill-max-batch-size",
               "decode-max-batch-size", "prefill-max-num-tokens", "decode-max-num-tokens", "prefill-instances",
               "decode-instances", "max-input-len", "max-output-len", "tokens-per-block", "kv-transfer-timeout-ms")
 _TP_LIKE = ("prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "prefill_instances", "decode_instances")
+REFERENCE_DEFAULTS = {"tokens_per_block": 32, "max_input_len": 2048, "max_output_len": 512}
+TENSORRTLLM_ONLY = ("prefill_max_batch_size", "decode_max_batch_size", "prefill_max_num_tokens",
+                    "decode_max_num_tokens", "kv_transfer_timeout_ms", "hf_model", "tokenizer_dir", "trtllm_examples",
+                    "gpus_per_node", "gpu_memory_gib", "transport", "http_port", "grpc_port", "metrics_port",
+                    "router_port", "first_worker_port", "recipes", "configs_only")
 
 
 def register(subparsers) -> None:
@@ -24,36 +30,47 @@ def register(subparsers) -> None:
                     f"are in build/tensorrtllm/*.yaml.")
     p.add_argument("--model", required=True,
                    help="catalog name (e.g. llama-2-70b) or a Hugging Face checkpoint folder with config.json")
-    p.add_argument("--backend", choices=("tensorrtllm", "reference"), default="tensorrtllm")
-    p.add_argument("--engines-dir", type=Path, default=Path("engines"))
+    p.add_argument("--backend", choices=("tensorrtllm", "reference"), default="tensorrtllm",
+                   help="tensorrtllm: TensorRT-LLM engines (GPU); reference: the CPU reference engines")
+    p.add_argument("--engines-dir", type=Path, default=Path("engines"), help="output root; engines/<model>/")
     for flag in _INT_FLAGS:
-        p.add_argument(f"--{flag}", type=int, default=None, metavar="N",
-                       help="default: the recipe's value" + (" (tp: auto)" if flag.endswith("-tp") else ""))
+        p.add_argument(f"--{flag}", type=a.positive_int, default=None, metavar="N",
+                       help=_int_flag_help(flag))
     p.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=None,
                    help="FP8 weights and FP8 KV cache (default on for tensorrtllm, off for reference)")
     p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"), default=None,
-                   help="KV dtype; fp8 is --fp8, fp16/bf16 are --no-fp8 with that model dtype")
-    p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None, help="dtype of non-quantized weights")
+                   help="KV dtype; fp8 is --fp8, fp16/bf16 are --no-fp8 with that model dtype "
+                        "(default: fp8 for tensorrtllm, as the recipe says; fp16 for reference)")
+    p.add_argument("--dtype", choices=("float16", "bfloat16"), default=None,
+                   help="dtype of non-quantized weights (default: the recipe's; float16 for reference)")
     p.add_argument("--hf-model", default=None,
                    help="HF id or folder given to quantize.py --model_dir (default: the catalog's HF id, or --model)")
     p.add_argument("--tokenizer-dir", default=None, help="tokenizer for pre/post-processing (default: --hf-model)")
     p.add_argument("--trtllm-examples", default=PINNED.trtllm_examples_dir,
                    help="TensorRT-LLM examples folder holding quantization/quantize.py")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--gpu-memory-gib", type=float, default=80.0, help="per GPU; used by tp_size: auto")
-    p.add_argument("--transport", choices=("ucx", "nixl"), default=None, help="trtllm-serve KV transport")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--router-port", type=int, default=8000, help="trtllm-serve disaggregated router")
-    p.add_argument("--first-worker-port", type=int, default=8100, help="trtllm-serve context/generation servers")
-    p.add_argument("--recipes", type=Path, default=None, help="folder with common/prefill/decode.yaml")
+    p.add_argument("--gpus-per-node", type=a.positive_int, default=8, help="GPUs per node")
+    p.add_argument("--gpu-memory-gib", type=a.positive_float, default=80.0, help="per GPU; used by tp_size: auto")
+    p.add_argument("--transport", choices=("ucx", "nixl"), default=None,
+                   help="trtllm-serve KV transport (default: the recipe's)")
+    p.add_argument("--http-port", type=a.port, default=8000, help="Triton HTTP port")
+    p.add_argument("--grpc-port", type=a.port, default=8001, help="Triton gRPC port")
+    p.add_argument("--metrics-port", type=a.port, default=8002, help="Triton metrics port")
+    p.add_argument("--router-port", type=a.port, default=8000, help="trtllm-serve disaggregated router")
+    p.add_argument("--first-worker-port", type=a.port, default=8100, help="trtllm-serve context/generation servers")
+    p.add_argument("--recipes", type=Path, default=None,
+                   help="folder with common/prefill/decode.yaml (default: the recipes installed with trtpd)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the exact commands; write nothing")
     mode.add_argument("--configs-only", action="store_true",
                       help="write the deploy folder and planned manifests without building (no GPU needed)")
     p.add_argument("--force", action="store_true", help="rebuild and replace existing output")
     p.set_defaults(func=run)
+
+
+def _int_flag_help(flag: str) -> str:
+    text = "default: the recipe's value" + (" (tp: auto)" if flag.endswith("-tp") else "")
+    reference = REFERENCE_DEFAULTS.get(flag.replace("-", "_"))
+    return text + (f"; {reference} for reference" if reference else "")
 
 
 def _resolve_precision(args) -> tuple[bool | None, str | None]:
@@ -72,6 +89,8 @@ def _resolve_precision(args) -> tuple[bool | None, str | None]:
 
 
 def run(args) -> int:
+    if args.dry_run:
+        a.refuse_given(args, ("force",), "a dry run writes nothing, so there is nothing to replace")
     fp8, dtype = _resolve_precision(args)
     if args.backend == "reference":
         return _run_reference(args, fp8, dtype)
@@ -114,14 +133,14 @@ def _run_tensorrtllm(args, fp8, dtype) -> int:
 
 
 def _run_reference(args, fp8, dtype) -> int:
+    a.refuse_given(args, TENSORRTLLM_ONLY, "only used by --backend tensorrtllm")
     for name in _TP_LIKE:
         value = getattr(args, name)
         if value not in (None, 1):
             raise ConfigError(f"--{name.replace('_', '-')} {value}: the reference backend runs TP1/PP1, one instance; "
                               f"instance counts are set when deploying (trtpd render/up)")
     kv_dtype = "fp8" if fp8 else ("bf16" if dtype == "bfloat16" else "fp16")
-    kwargs = {"kv_dtype": kv_dtype, "tokens_per_block": args.tokens_per_block or 32,
-              "max_input_len": args.max_input_len or 2048, "max_output_len": args.max_output_len or 512,
+    kwargs = {"kv_dtype": kv_dtype, **{k: getattr(args, k) or v for k, v in REFERENCE_DEFAULTS.items()},
               "force": args.force}
     if args.dry_run:
         shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())

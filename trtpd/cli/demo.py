@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trtpd.bench.run import DemoOptions, run_demo
+from trtpd.bench.options import DemoOptions
+from trtpd.cli import args as a
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,19 +15,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "a colocated deployment of the real tritonserver (gRPC streaming), print TTFT, "
                                    "TPOT and tokens/s side by side, stop everything.")
     d = DemoOptions()
-    p.add_argument("--rate", type=float, default=d.rate_per_s, help="requests per second (default: %(default)s)")
-    p.add_argument("--num-requests", type=int, default=d.num_requests, help="(default: %(default)s)")
-    p.add_argument("--workload", default=d.workload, help="workload name or YAML (default: %(default)s)")
-    p.add_argument("--kv-dtype", default=d.kv_dtype, choices=("fp16", "bf16", "fp8"))
-    p.add_argument("--kv-transport", default=d.kv_transport, choices=("shm", "tcp"))
-    p.add_argument("--colocated-instances", type=int, default=d.colocated_instances)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--engines-dir", type=Path, default=d.engines_dir)
+    p.add_argument("--rate", type=a.positive_float, default=d.rate_per_s, help="requests per second")
+    p.add_argument("--num-requests", type=a.positive_int, default=d.num_requests, help="requests per deployment")
+    p.add_argument("--workload", default=d.workload, help="workload name or YAML")
+    p.add_argument("--kv-dtype", default=d.kv_dtype, choices=("fp16", "bf16", "fp8"), help="KV cache dtype")
+    p.add_argument("--kv-transport", default=d.kv_transport, choices=("shm", "tcp"),
+                   help="KV transfer between prefill and decode")
+    p.add_argument("--colocated-instances", type=a.positive_int, default=d.colocated_instances,
+                   help="instances of the colocated deployment")
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed of the workload")
+    p.add_argument("--engines-dir", type=Path, default=d.engines_dir, help="where the reference engines are built")
     p.add_argument("--output", type=Path, default=d.output, help="JSON results (default: %(default)s)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from trtpd.bench.run import run_demo
+
     run_demo(DemoOptions(engines_dir=args.engines_dir, kv_dtype=args.kv_dtype, kv_transport=args.kv_transport,
                          workload=args.workload, rate_per_s=args.rate, num_requests=args.num_requests, seed=args.seed,
                          colocated_instances=args.colocated_instances, output=args.output))

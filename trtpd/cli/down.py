@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trtpd.serving import deployment
+from trtpd.cli import args as a
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,6 +15,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trtpd.serving import deployment
+
+    if args.all:
+        a.refuse_given(args, ("name",), "--all stops every deployment; give --name or --all")
     names = [d.name for d in deployment.list_deployments()] if args.all else [args.name]
     for name in names:
         dep = deployment.down(name)

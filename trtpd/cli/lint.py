@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trtpd.cli import args as a
 from trtpd.errors import ConfigError
 
 
@@ -18,8 +19,8 @@ def register(subparsers) -> None:
     p.add_argument("--repo", type=Path, help="rendered Triton model repository")
     p.add_argument("--launch", type=Path, help="MPI launch script (launch_triton.sh)")
     p.add_argument("--serve-dir", type=Path, help="folder with prefill.yaml, decode.yaml, disagg.yaml")
-    p.add_argument("--max-prompt-tokens", type=int, help="longest prompt (default: prefill max_input_len)")
-    p.add_argument("--max-output-tokens", type=int, help="longest output (default: from the decode engine)")
+    p.add_argument("--max-prompt-tokens", type=a.positive_int, help="longest prompt (default: prefill max_input_len)")
+    p.add_argument("--max-output-tokens", type=a.positive_int, help="longest output (default: from the decode engine)")
     p.add_argument("--no-port-check", action="store_true", help="skip checking that ports are free on this host")
     p.add_argument("--list-rules", action="store_true", help="print the rules and exit")
     p.set_defaults(func=run)
@@ -29,6 +30,8 @@ def run(args) -> int:
     from trtpd.lint import RULES, DeploymentPaths, discover, errors, lint_deployment, summary
 
     if args.list_rules:
+        a.refuse_given(args, ("model_dir", "prefill", "decode", "repo", "launch", "serve_dir", "max_prompt_tokens",
+                              "max_output_tokens", "no_port_check"), "--list-rules lints nothing; drop one or the other")
         for rule, what in RULES.items():
             print(f"{rule:20} {what}")
         return 0

@@ -1,24 +1,26 @@
 """`trtpd` entry point.
 
 Each command lives in `trtpd/cli/<command>.py` and defines `register(subparsers)`, which adds its
-parser and sets `func` to a thin function that calls one library function. Errors that a user can
-act on (TrtpdError) are printed without a traceback and exit with status 2.
+parser and sets `func` to a thin function that calls one library function. Command modules import
+only the standard library at top level (heavy modules inside `run`), so `trtpd --help` is instant.
+Errors a user can act on (TrtpdError, a bad flag value, an invalid field) are one line, exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
+import os
 import sys
 
 from trtpd import __version__
+from trtpd.cli.args import Parser, given_dests
 from trtpd.errors import TrtpdError
 
 COMMANDS = ("build", "render", "lint", "plan", "simulate", "profile", "up", "down", "status", "demo", "bench")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    parser = Parser(
         prog="trtpd",
         description="Prefill/decode disaggregated LLM serving on TensorRT-LLM 1.2.x and Triton Inference Server.",
     )
@@ -32,23 +34,45 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # command not available in this build
             raise
         module.register(subparsers)
+    parser.set_defaults(command_parsers=subparsers.choices)
     return parser
 
 
+def _validation_message(exc: Exception) -> str | None:
+    """One line for a pydantic ValidationError (without importing pydantic when none was raised)."""
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is None or not isinstance(exc, pydantic.ValidationError):
+        return None
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors()]
+    return f"invalid {exc.title}: " + "; ".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
+    tail = argv[argv.index(args.command) + 1:]
+    args.given = given_dests(args.command_parsers[args.command], tail)
     try:
         return int(args.func(args) or 0)
     except TrtpdError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"trtpd {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        message = _validation_message(exc)
+        if message is None:
+            raise
+        print(f"trtpd {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `trtpd ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -7,23 +7,26 @@ import datetime
 import platform
 from pathlib import Path
 
+from trtpd.cli import args as a
 from trtpd.errors import ConfigError
-from trtpd.perf.hardware import HARDWARE_DIR, load_hardware, save_hardware
-from trtpd.perf.profiling import EngineLimits, ProfileGrid, measure_profile, with_measured
+
+DEFAULT_OUTPUT = Path("cpu-reference.yaml")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="measure prefill/decode latency curves into a hardware profile",
                        description="Measure the engine's prefill latency vs batched tokens and decode step latency "
                                    "vs batch size and context length, and write them into a hardware profile "
-                                   "(default: configs/hardware/cpu-reference.yaml) that `trtpd plan` and "
-                                   "`trtpd simulate` then use instead of the roofline.")
-    p.add_argument("--backend", choices=("reference",), default="reference")
+                                   "(--output, default ./cpu-reference.yaml in the current directory; the profiles "
+                                   "installed with trtpd are never changed) that `trtpd plan --hardware PATH` and "
+                                   "`trtpd simulate --hardware PATH` then use instead of the roofline.")
+    p.add_argument("--backend", choices=("reference",), default="reference", help="engine backend")
     p.add_argument("--engine-dir", type=Path, required=True,
                    help="a reference build folder (with prefill-tp1/ and decode-tp1/) or one role's engine folder")
-    p.add_argument("--output", type=Path, default=HARDWARE_DIR / "cpu-reference.yaml",
-                   help="hardware profile to update (default: %(default)s)")
-    p.add_argument("--repeats", type=int, default=3, help="measurements per point (median)")
+    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
+                   help="hardware profile to write or update; when it does not exist, it starts from the installed "
+                        "cpu-reference profile (default: %(default)s, in the current directory)")
+    p.add_argument("--repeats", type=a.positive_int, default=3, help="measurements per point (median)")
     p.add_argument("--quick", action="store_true", help="a coarse grid (for a smoke test)")
     p.add_argument("--serving", action="store_true",
                    help="also measure the serving overhead (request path, per-step response pipeline) through the "
@@ -45,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.engine.engine_config import EngineConfig
 
     from trtpd.engine import profiling
+    from trtpd.perf.hardware import load_hardware, save_hardware
+    from trtpd.perf.profiling import EngineLimits, ProfileGrid, measure_profile, with_measured
 
     prefill_dir, decode_dir = _engine_folders(args.engine_dir)
     pcfg, dcfg = EngineConfig.load(prefill_dir), EngineConfig.load(decode_dir)

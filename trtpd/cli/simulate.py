@@ -7,17 +7,27 @@ import json
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from trtpd.catalog import resolve_model
+from trtpd.cli import args as a
 from trtpd.errors import ConfigError
-from trtpd.perf.hardware import load_hardware
-from trtpd.planner.inputs import load_slo
-from trtpd.planner.plan import load_plan
-from trtpd.sim.build import (ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines,
-                             options_from_plan)
-from trtpd.sim.goodput import max_goodput_rate_per_s
-from trtpd.sim.metrics import SimSummary, summarize
-from trtpd.sim.simulator import default_max_in_system, simulate
-from trtpd.sim.workload import generate_requests, load_workload
+from trtpd.sim.options import ClusterOptions
+
+_CLUSTER_FLAGS = (
+    ("--num-prefill", a.positive_int), ("--num-decode", a.positive_int), ("--tp-prefill", a.positive_int),
+    ("--tp-decode", a.positive_int), ("--prefill-kv-capacity-tokens", a.positive_int),
+    ("--decode-kv-capacity-tokens", a.positive_int), ("--prefill-max-num-tokens", a.positive_int),
+    ("--prefill-max-batch-size", a.positive_int), ("--decode-max-batch-size", a.positive_int),
+    ("--num-colocated", a.positive_int), ("--kv-capacity-tokens", a.positive_int),
+    ("--kv-link-bytes-per-s", a.positive_float), ("--kv-link-latency-s", a.nonnegative_float),
+    ("--bucket-timeout-s", a.nonnegative_float))
+_DERIVED = {"kv_link_bytes_per_s": "from the hardware", "kv_capacity_tokens": "from the perf model",
+            "prefill_kv_capacity_tokens": "--kv-capacity-tokens", "decode_kv_capacity_tokens": "--kv-capacity-tokens",
+            "num_colocated": "as many TP-decode instances as the P/D pair's GPUs"}
+
+
+def _cluster_default(flag: str) -> str:
+    dest = flag[2:].replace("-", "_")
+    value = ClusterOptions.__dataclass_fields__[dest].default
+    return f"(default: the plan's, else {_DERIVED.get(dest, value)})"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,30 +44,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                     "a profile with measured curves uses them")
     p.add_argument("--workload", default="chat-powerlaw", help="configs/workloads name or YAML path")
     p.add_argument("--slo", default="chat", help="SLO used for attainment and goodput")
-    p.add_argument("--rate-per-s", type=float, help="arrival rate (default: the plan's target)")
-    p.add_argument("--num-requests", type=int, default=10000)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mode", choices=("disaggregated", "colocated", "both"), default="both")
+    p.add_argument("--rate-per-s", type=a.positive_float, help="arrival rate (default: the plan's target)")
+    p.add_argument("--num-requests", type=a.positive_int, default=10000, help="requests to simulate")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the workload")
+    p.add_argument("--mode", choices=("disaggregated", "colocated", "both"), default="both",
+                   help="which deployments to simulate")
     p.add_argument("--find-goodput", action="store_true",
                    help="search the highest rate meeting the SLO for the attainment share (DistServe's goodput)")
     p.add_argument("--json", type=Path, help="also write the summaries as JSON here")
     p.add_argument("--no-early-stop", action="store_true",
                    help="simulate every request even when the queue grows without bound")
     c = p.add_argument_group("explicit cluster (overrides the plan)")
-    for flag, kind in (("--num-prefill", int), ("--num-decode", int), ("--tp-prefill", int), ("--tp-decode", int),
-                       ("--prefill-kv-capacity-tokens", int), ("--decode-kv-capacity-tokens", int),
-                       ("--prefill-max-num-tokens", int), ("--prefill-max-batch-size", int),
-                       ("--decode-max-batch-size", int), ("--num-colocated", int), ("--kv-capacity-tokens", int),
-                       ("--kv-link-bytes-per-s", float), ("--kv-link-latency-s", float), ("--bucket-timeout-s", float)):
-        c.add_argument(flag, type=kind)
-    c.add_argument("--weight-dtype", choices=("fp32", "fp16", "bf16", "fp8"))
-    c.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"))
-    c.add_argument("--kv-link", choices=("network", "nvlink"))
-    c.add_argument("--first-token-at", choices=("prefill", "decode"))
+    for flag, kind in _CLUSTER_FLAGS:
+        c.add_argument(flag, type=kind, help=_cluster_default(flag))
+    for flag, choices in (("--weight-dtype", ("fp32", "fp16", "bf16", "fp8")), ("--kv-dtype", ("fp16", "bf16", "fp8")),
+                          ("--kv-link", ("network", "nvlink")), ("--first-token-at", ("prefill", "decode"))):
+        c.add_argument(flag, choices=choices, help=_cluster_default(flag))
     p.set_defaults(func=run)
 
 
-def _options(args: argparse.Namespace) -> tuple[ClusterOptions, str, str, float | None]:
+def _options(args: argparse.Namespace):
+    from trtpd.planner.plan import load_plan
+    from trtpd.sim.build import ClusterOptions, options_from_engines, options_from_plan
+
     model, hardware, rate = "llama-2-70b", "h100-sxm", None
     opts = ClusterOptions()
     if args.plan:
@@ -69,7 +78,7 @@ def _options(args: argparse.Namespace) -> tuple[ClusterOptions, str, str, float 
     return replace(opts, **overrides), args.model or model, args.hardware or hardware, args.rate_per_s or rate
 
 
-def _line(label: str, s: SimSummary) -> str:
+def _line(label: str, s) -> str:
     ms = 1e3
     b = s.ttft_breakdown
     parts = (f"{label:<14} TTFT P50/P90/P99 {s.ttft_s.p50 * ms:8.1f} {s.ttft_s.p90 * ms:8.1f} {s.ttft_s.p99 * ms:8.1f} ms"
@@ -85,6 +94,17 @@ def _line(label: str, s: SimSummary) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.find_goodput:
+        a.refuse_given(args, ("no_early_stop",), "--find-goodput always stops a run early once its queue grows")
+    from trtpd.catalog import resolve_model
+    from trtpd.perf.hardware import load_hardware
+    from trtpd.planner.inputs import load_slo
+    from trtpd.sim.build import colocated_cluster, disaggregated_cluster
+    from trtpd.sim.goodput import max_goodput_rate_per_s
+    from trtpd.sim.metrics import summarize
+    from trtpd.sim.simulator import default_max_in_system, simulate
+    from trtpd.sim.workload import generate_requests, load_workload
+
     opts, model_name, hardware_name, rate = _options(args)
     if rate is None and not args.find_goodput:
         raise ConfigError("give --rate-per-s (or a --plan with a target rate, or --find-goodput)")

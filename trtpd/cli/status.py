@@ -6,11 +6,6 @@ import argparse
 import time
 import urllib.request
 
-from rich.console import Console
-from rich.table import Table
-
-from trtpd.serving import deployment
-
 
 def kv_usage(metrics_url: str) -> dict[str, str]:
     """model -> 'used/max blocks' from nv_trt_llm_kv_cache_block_metrics."""
@@ -34,6 +29,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from trtpd.serving import deployment
+
     deps = deployment.list_deployments()
     if not deps:
         print("no deployments (start one with `trtpd up`)")

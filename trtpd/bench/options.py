@@ -1,0 +1,20 @@
+"""`trtpd demo`'s options (a light module: `trtpd demo --help` shows these defaults without importing torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class DemoOptions:
+    engines_dir: Path = Path("engines")
+    model: str = "tiny-llama"
+    kv_dtype: str = "fp16"
+    kv_transport: str = "shm"
+    workload: str = "cpu-demo"
+    rate_per_s: float = 3.0
+    num_requests: int = 40
+    seed: int = 0
+    colocated_instances: int = 2
+    output: Path = Path("out/demo.json")
