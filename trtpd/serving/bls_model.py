@@ -18,16 +18,22 @@ the colocated model. Errors from either side reach the client as a Triton error.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtpd.serving.pb import error_response, model_parameters, tensor
+from trtpd.serving.admission import Admission, OverloadedError, Slot
+from trtpd.engine.request import ends_with
+from trtpd.serving.pb import error_response, kind_of, model_parameters, tensor
+from trtpd.serving.request_parsing import parse_word_list
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temperature",
-             "runtime_top_k", "runtime_top_p", "seed")
+             "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list", "bad_words_list")
 ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params"]
+DEFAULT_MAX_INFLIGHT = 24
+DEFAULT_MAX_QUEUED = 1000
 PERF_NAMES = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
 
 
@@ -39,8 +45,13 @@ class BlsError(Exception):
 
 def _outputs(response) -> dict[str, np.ndarray]:
     if response.has_error():
-        raise BlsError(response.error().message())
+        raise BlsError(response.error().message(), kind_of(response.error()))   # the role model's own code
     return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
+def _auth_key(key_file: str) -> bytes | None:
+    from trtpd.kv.handle import load_or_create_key_file
+    return load_or_create_key_file(key_file) if key_file else None
 
 
 def _tokens(outputs: dict) -> list[int]:
@@ -65,12 +76,14 @@ class _Job:
         end = self.inputs.get("end_id")
         self.end_id = None if end is None or int(end.reshape(-1)[0]) < 0 else int(end.reshape(-1)[0])
         self.prompt_len = int(self.inputs["input_lengths"].reshape(-1)[0])
+        self.stop_words = parse_word_list(self.inputs.get("stop_words_list"), "stop_words_list")
         self.tokens: list[int] = []
         self.perf: dict[str, np.ndarray] = {}
         self.finished = False
 
     def is_last(self, token: int) -> bool:
-        return len(self.tokens) >= self.max_tokens or (self.end_id is not None and token == self.end_id)
+        return (len(self.tokens) >= self.max_tokens or (self.end_id is not None and token == self.end_id)
+                or any(ends_with(self.tokens, w) for w in self.stop_words))   # as the engine decides
 
     def send_tokens(self, new: list[int]) -> None:
         """Streams (or collects) tokens; sends FINAL with the last one."""
@@ -106,6 +119,7 @@ class DisaggBls:
         self.generation_model = params.get("generation_model_name", "decode")
         self.colocated_model = params.get("colocated_model_name", "colocated")
         self.kv_transfer = params.get("kv_transfer", "after_prefill")
+        self.auth_key = _auth_key(params.get("kv_key_file", ""))   # None: role models that check nothing (GPU)
         # TensorRT-LLM role models have no perf outputs; ask only for what the role models declare
         extra = [n for n in params.get("perf_outputs", "").split(",") if n]
         self.requested_outputs = ROLE_OUTPUTS + extra
@@ -115,6 +129,9 @@ class DisaggBls:
             raise ValueError(f"disagg_bls: parameter kv_transfer={self.kv_transfer!r}; use layerwise or after_prefill")
         if set(extra) - set(PERF_NAMES):
             raise ValueError(f"disagg_bls: unknown perf_outputs {sorted(set(extra) - set(PERF_NAMES))}")
+        # fewer in-flight sub-requests than the python backend's 32 pool threads (see admission.py)
+        self.admission = Admission(int(params.get("max_inflight_requests") or DEFAULT_MAX_INFLIGHT),
+                                   int(params.get("max_queued_requests") or DEFAULT_MAX_QUEUED))
 
     def execute(self, requests):
         for request in requests:
@@ -122,6 +139,10 @@ class DisaggBls:
         return None
 
     def _sub_request(self, job: _Job, model: str, params: dict, extra: list) -> object:
+        if self.auth_key is not None:   # proves to the role model that the orchestrator sent it (kv/auth.py)
+            from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
+            params = {**params, AUTH_PARAMETER: orchestrator_token(
+                self.auth_key, params.get("request_type", ""), job.inputs.get("input_ids"), time.time())}
         inputs = [tensor(name, value) for name, value in job.inputs.items()]
         inputs += [tensor("streaming", np.array([[True]], dtype=np.bool_))] + extra
         return pb_utils.InferenceRequest(model_name=model, inputs=inputs, parameters=params,
@@ -133,17 +154,23 @@ class DisaggBls:
         except Exception as exc:  # missing required inputs
             request.get_response_sender().send(error_response(f"disagg_bls: bad request: {exc}"), flags=FINAL)
             return
+        slot = Slot(self.admission)
         try:
+            slot.acquire()
             if self.mode == "colocated":
-                self._colocated(job)
+                self._colocated(job, slot)
             else:
-                self._disaggregated(job)
+                self._disaggregated(job, slot)
             if not job.finished:
                 job.fail("the engine ended the request without its final token", "internal")
+        except OverloadedError as exc:
+            job.fail(str(exc), "unavailable")
         except BlsError as exc:
             job.fail(str(exc), exc.kind)
         except Exception as exc:
             job.fail(f"disagg_bls: {type(exc).__name__}: {exc}", "internal")
+        finally:
+            slot.release()
 
     def _keep_perf(self, job: _Job, outputs: dict) -> None:
         """First report wins: prefill's own timings over decode's view of them."""
@@ -151,13 +178,14 @@ class DisaggBls:
             if name in outputs and name not in job.perf:
                 job.perf[name] = outputs[name]
 
-    def _colocated(self, job: _Job) -> None:
+    def _colocated(self, job: _Job, slot: Slot) -> None:
         for response in self._sub_request(job, self.colocated_model, {}, []).exec(decoupled=True):
+            slot.release()   # prefilled: the rest streams without holding a pool thread
             outputs = _outputs(response)
             self._keep_perf(job, outputs)
             job.send_tokens(_tokens(outputs))
 
-    def _disaggregated(self, job: _Job) -> None:
+    def _disaggregated(self, job: _Job, slot: Slot) -> None:
         params = {"request_type": "context_only"}
         if self.kv_transfer == "layerwise":
             params["layerwise_kv_transfer"] = True
@@ -179,6 +207,7 @@ class DisaggBls:
         responses = self._sub_request(job, self.generation_model, {"request_type": "generation_only"},
                                       extra).exec(decoupled=True)
         for response in responses:
+            slot.release()   # decode answered: the KV is pulled, the rest streams without a pool thread
             if not job.finished and job.sender.is_cancelled():   # the client went away: stop decoding
                 cancel = getattr(responses, "cancel", None)
                 if cancel is not None:

@@ -1,0 +1,30 @@
+"""Bursts queue, they do not fail: 400 requests sent at once on one gRPC stream to the disaggregated
+deployment all complete (the orchestrator's admission keeps its sub-requests below the python
+backend's thread pool), none expires, and every KV block returns."""
+
+import time
+
+from trtpd.bench.client import BenchRequest, run_stream
+
+NUM_REQUESTS = 400
+
+
+def test_400_requests_at_once_all_complete_and_kv_returns_to_baseline(fp16_disagg):
+    base_prefill, base_decode = fp16_disagg.kv_blocks("prefill"), fp16_disagg.kv_blocks("decode")
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly box jugs".split()
+    reqs = [BenchRequest(f"burst-{i}", " ".join(words[j % len(words)] for j in range(i, i + 5 + i % 40)), 6, 0.0)
+            for i in range(NUM_REQUESTS)]
+    started = time.perf_counter()
+    results = run_stream(fp16_disagg.grpc_url, reqs, timeout_s=400.0)
+    elapsed_s = time.perf_counter() - started
+    errors = [r.error for r in results if r.error]
+    overloaded = [e for e in errors if "overloaded" in e]
+    print(f"burst of {NUM_REQUESTS}: {NUM_REQUESTS - len(errors)} completed, {len(overloaded)} refused as "
+          f"overloaded, {len(errors) - len(overloaded)} other errors, {elapsed_s:.1f} s")
+    assert not [e for e in errors if "overloaded" not in e], errors[:3]
+    assert all(len(r.token_ids) == 6 for r in results if not r.error)
+    # the same prompt alone gives the same tokens as inside the burst
+    alone = run_stream(fp16_disagg.grpc_url, [BenchRequest("alone", reqs[123].prompt, 6, 0.0)])[0]
+    assert alone.token_ids == results[123].token_ids
+    fp16_disagg.wait_blocks("prefill", base_prefill)
+    fp16_disagg.wait_blocks("decode", base_decode)
