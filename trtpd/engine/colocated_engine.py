@@ -10,7 +10,6 @@ from __future__ import annotations
 from trtpd.engine.generation_engine import GenerationEngine
 from trtpd.engine.model import SeqChunk
 from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType
-from trtpd.engine.sampler import sample
 
 
 class ColocatedEngine(GenerationEngine):
@@ -36,23 +35,16 @@ class ColocatedEngine(GenerationEngine):
         if plan.is_empty:
             return []
         now = self.clock()
-        rows = self._decode_chunks(plan.decode)
         prefills = []
         for sched in plan.admitted:
             seq = self.sequences[sched.request_id]
             seq.perf["prefill_queue_s"] = now - seq.request.arrival_s
             prefills.append((seq, SeqChunk(seq.request.prompt_token_ids, 0, sched.block_table)))
-        chunks = [c for _, c in prefills] + [c for _, c in rows]
-        try:
-            logits = self._run(chunks)
-        except Exception as exc:
-            return [self.fail(seq, f"step failed: {exc}") for seq, _ in prefills + rows]
+        rows = prefills + self._decode_chunks(plan.decode)
+        results = self._forward_rows([c for _, c in rows])
         compute_s = self.clock() - now
-        outputs = []
-        for row, (seq, chunk) in enumerate(prefills):
-            seq.sched.is_ready = True
+        for (seq, _), result in zip(prefills, results):
+            seq.sched.is_ready = not isinstance(result, Exception)
             seq.perf["prefill_compute_s"] = compute_s
-            token = sample(logits[row], seq.request.sampling, chunk.end_pos)
-            outputs.append(self._emit_token(seq, token))
-        outputs += self._sample_rows(rows, logits[len(prefills):])
-        return outputs
+        return [self._emit_row(seq, chunk, result, "prefill" if i < len(prefills) else "decode step")
+                for i, ((seq, chunk), result) in enumerate(zip(rows, results))]

@@ -105,12 +105,7 @@ class DecodeEngine(GenerationEngine):
             self._start_pull(self.sequences[sched.request_id])
         if not plan.decode:
             return outputs
-        rows = self._decode_chunks(plan.decode)
-        try:
-            logits = self._run([c for _, c in rows])
-        except Exception as exc:
-            return outputs + [self.fail(seq, f"decode step failed: {exc}") for seq, _ in rows]
-        return outputs + self._sample_rows(rows, logits)
+        return outputs + self._step_rows(self._decode_chunks(plan.decode), "decode step")
 
     def close(self) -> None:
         self.pulls.shutdown(wait=True, cancel_futures=True)

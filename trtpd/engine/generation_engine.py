@@ -7,6 +7,7 @@ engine pulls their KV from a prefill instance, the colocated engine prefills the
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,11 +16,13 @@ import torch
 
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
-from trtpd.engine.request import EngineOutput, EngineRequest, RequestError
+from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, check_tokens
 from trtpd.engine.sampler import sample
 from trtpd.kv.pool import KvPool
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler, SchedSequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,6 +69,7 @@ class GenerationEngine:
             raise RequestError(f"request {request.request_id}: prompt ({num_prompt_tokens}) + request_output_len "
                                f"({request.max_new_tokens}) exceeds max_seq_len {self.config.max_seq_len}; "
                                f"ask for at most {self.config.max_seq_len - num_prompt_tokens} tokens")
+        check_tokens(request, self.model.spec.vocab_size)
 
     def _admit(self, request: EngineRequest, num_prompt_tokens: int) -> Sequence:
         sched = SchedSequence(request.request_id, num_prompt_tokens, request.max_new_tokens, request.arrival_s)
@@ -85,7 +89,7 @@ class GenerationEngine:
         seq.output_token_ids.append(token)
         req = seq.request
         reason = None
-        if req.end_id is not None and token == req.end_id:
+        if (req.end_id is not None and token == req.end_id) or req.hits_stop_word(seq.output_token_ids):
             reason = "stop"
         elif len(seq.output_token_ids) >= req.max_new_tokens:
             reason = "length"
@@ -121,12 +125,40 @@ class GenerationEngine:
             rows.append((seq, SeqChunk([seq.output_token_ids[-1]], sched.num_tokens - 1, sched.block_table)))
         return rows
 
-    def _sample_rows(self, rows: list[tuple[Sequence, SeqChunk]], logits: torch.Tensor) -> list[EngineOutput]:
-        outputs = []
-        for row, (seq, chunk) in enumerate(rows):
-            token = sample(logits[row], seq.request.sampling, chunk.end_pos)
-            outputs.append(self._emit_token(seq, token))
-        return outputs
+    def _forward_rows(self, chunks: list[SeqChunk]) -> list:
+        """Each chunk's logits row, or the exception its forward pass raised. A failed batch is rerun chunk by
+        chunk (rows do not depend on their batch, see model.py), so only the culprit fails; rewriting the
+        KV of the others puts the same values in the same slots."""
+        try:
+            logits = self._run(chunks)
+            return [logits[i] for i in range(len(chunks))]
+        except Exception as exc:
+            if len(chunks) == 1:
+                return [exc]
+            log.warning("a forward pass of %d sequences failed (%s: %s); rerunning them one by one",
+                        len(chunks), type(exc).__name__, exc)
+        results = []
+        for chunk in chunks:
+            try:
+                results.append(self._run([chunk])[0])
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _emit_row(self, seq: Sequence, chunk: SeqChunk, result, stage: str) -> EngineOutput:
+        """Samples and emits one row's token; a failure of its forward pass or its sampling fails it alone."""
+        if isinstance(result, Exception):
+            return self.fail(seq, f"request {seq.request_id}: {stage} failed: {type(result).__name__}: {result}")
+        try:
+            req = seq.request
+            token = sample(result, req.sampling, chunk.end_pos, req.banned_tokens(seq.output_token_ids))
+        except Exception as exc:
+            return self.fail(seq, f"request {seq.request_id}: sampling failed: {type(exc).__name__}: {exc}")
+        return self._emit_token(seq, token)
+
+    def _step_rows(self, rows: list[tuple[Sequence, SeqChunk]], stage: str) -> list[EngineOutput]:
+        results = self._forward_rows([c for _, c in rows])
+        return [self._emit_row(seq, chunk, res, stage) for (seq, chunk), res in zip(rows, results)]
 
     def stats(self) -> dict[str, float]:
         return {"free_blocks": self.allocator.num_free_blocks, "used_blocks": self.allocator.num_used_blocks,

@@ -3,6 +3,11 @@
 Requests and aborts arrive from other threads through `submit`/`abort` (thread-safe); only this
 thread touches the engine. Idle, it sleeps until work arrives, a KV pull completes, or the
 prefill scheduler's next bucket deadline.
+
+Failures stay with their request: the engines fail a request whose forward pass or sampling fails; here
+a request that `add` refuses gets an error output (and nothing of it stays queued), and a step that
+raises (a bug outside any one request) fails the requests in flight, so none waits forever and the
+loop does not spin on the same failure.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from trtpd.engine.request import EngineOutput, EngineRequest
+from trtpd.engine.request import EngineOutput, EngineRequest, RequestError
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +33,7 @@ class EngineLoop:
         self._inbox: deque[EngineRequest] = deque()
         self._aborts: deque[str] = deque()
         self._stopped = False
+        self._live: set[str] = set()   # submitted, no finished output yet (engine thread only)
         self.num_steps = 0
         self.busy_s = 0.0
         if hasattr(engine, "wakeup"):
@@ -66,13 +72,40 @@ class EngineLoop:
             inbox, self._inbox = list(self._inbox), deque()
             aborts, self._aborts = list(self._aborts), deque()
         for request in inbox:
-            self.engine.add(request)
+            outputs += self._add(request)
         for request_id in aborts:
             outputs += self.engine.abort(request_id)
         return outputs
 
+    def _add(self, request: EngineRequest) -> list[EngineOutput]:
+        try:
+            self.engine.add(request)
+        except Exception as exc:
+            log.exception("request %s could not be queued", request.request_id)
+            kind = exc.kind if isinstance(exc, RequestError) else "internal"
+            return self._fail(request.request_id, f"request {request.request_id}: could not be queued: "
+                                                  f"{type(exc).__name__}: {exc}", kind)
+        self._live.add(request.request_id)
+        return []
+
+    def _fail(self, request_id: str, message: str, kind: str = "internal") -> list[EngineOutput]:
+        """An error output for the request, after the engine dropped whatever it holds of it (its blocks)."""
+        try:
+            self.engine.abort(request_id)
+        except Exception:
+            log.exception("dropping request %s after its failure failed too", request_id)
+        return [EngineOutput(request_id, finished=True, finish_reason="error", error=message, error_kind=kind)]
+
+    def _fail_live(self, exc: Exception) -> list[EngineOutput]:
+        outputs = []
+        for request_id in sorted(self._live):
+            outputs += self._fail(request_id, f"request {request_id}: engine step failed: {type(exc).__name__}: {exc}")
+        return outputs
+
     def _emit(self, outputs: list[EngineOutput]) -> None:
         for out in outputs:
+            if out.finished:
+                self._live.discard(out.request_id)
             try:
                 self.on_output(out)
             except Exception:  # a broken response channel must not stop the engine
@@ -83,6 +116,7 @@ class EngineLoop:
             with self._cond:
                 if self._stopped:
                     return
+            failed = False
             try:
                 self._emit(self._drain())
                 started = time.perf_counter()
@@ -91,10 +125,11 @@ class EngineLoop:
                     self.num_steps += 1
                     self.busy_s += time.perf_counter() - started
                 self._emit(outputs)
-            except Exception:
-                log.exception("engine step failed; the loop continues")
-                outputs = []
-            if outputs or self.engine.has_work():
+            except Exception as exc:
+                log.exception("engine step failed; failing the %d requests in flight", len(self._live))
+                self._emit(self._fail_live(exc))
+                outputs, failed = [], True
+            if not failed and (outputs or self.engine.has_work()):
                 continue
             with self._cond:
                 if self._inbox or self._aborts or self._stopped:

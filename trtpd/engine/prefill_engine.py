@@ -9,6 +9,7 @@ until decode has pulled them or the transfer times out.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,12 +18,14 @@ import torch
 
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
-from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType
+from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType, check_tokens
 from trtpd.engine.sampler import sample
 from trtpd.kv.errors import KvExportNotFoundError
 from trtpd.kv.pool import KvPool
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.prefill import PrefillRequest, PrefillScheduler, PrefillSchedulerConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,6 +65,11 @@ class PrefillEngine:
         if n > self.config.max_input_len:
             raise RequestError(f"request {request.request_id}: prompt has {n} tokens, above this engine's "
                                f"max_input_len {self.config.max_input_len}; shorten the prompt")
+        if n + request.max_new_tokens > self.config.max_seq_len:   # decode would refuse it after our work
+            raise RequestError(f"request {request.request_id}: prompt ({n}) + request_output_len "
+                               f"({request.max_new_tokens}) exceeds max_seq_len {self.config.max_seq_len}; "
+                               f"ask for at most {self.config.max_seq_len - n} tokens")
+        check_tokens(request, self.model.spec.vocab_size)
 
     def add(self, request: EngineRequest) -> None:
         self.waiting[request.request_id] = _Pending(request)
@@ -97,49 +105,94 @@ class PrefillEngine:
         if batch is None:
             return []
         outputs: list[EngineOutput] = []
-        chunks, pending = [], []
+        pending: list[_Pending] = []
         for req in batch.requests:
             item = self.waiting.pop(req.request_id)
-            item.block_ids = self.allocator.allocate(self.allocator.blocks_for(req.num_tokens))
-            self.held_blocks[req.request_id] = item.block_ids
-            handle = self.exporter.register(req.request_id, item.block_ids, req.num_tokens)
+            try:
+                handle = self._start_export(item, req.num_tokens)
+            except Exception as exc:
+                outputs.append(self._error(item, f"KV export could not start: {type(exc).__name__}: {exc}"))
+                continue
             if item.request.layerwise_kv_transfer:   # the request is answered; the KV follows layer by layer
                 outputs.append(EngineOutput(req.request_id, finished=True, context_phase_params=handle,
                                             perf={"prefill_queue_s": now - item.request.arrival_s}))
-            chunks.append(SeqChunk(item.request.prompt_token_ids, 0, item.block_ids))
             pending.append(item)
         if self.emit is not None and outputs:
             self.emit(outputs)
             outputs = []
-        ids = batch.request_ids
         started = self.clock()
+        results = self._forward(pending)
+        perf = {"prefill_compute_s": self.clock() - started, "prefill_batch_size": float(len(pending)),
+                "prefill_batch_tokens": float(batch.num_tokens)}
+        return outputs + [self._complete(item, result, started, perf) for item, result in zip(pending, results)]
+
+    def _start_export(self, item: _Pending, num_tokens: int) -> bytes:
+        """Blocks for the prompt and a registered export (its handle); on failure nothing stays held."""
+        request_id = item.request.request_id
+        item.block_ids = self.allocator.allocate(self.allocator.blocks_for(num_tokens))
         try:
-            with torch.inference_mode():
-                logits = self.model.forward(chunks, self.pool,
-                                            on_layer_done=lambda layer: self.exporter.mark_layers_ready(ids, layer))
-        except Exception as exc:  # the batch failed: release its KV, fail its requests, keep serving
-            for item in pending:
-                self.exporter.fail(item.request.request_id, f"prefill failed: {exc}")
-            return outputs + [EngineOutput(i, finished=True, finish_reason="error", error=f"prefill failed: {exc}")
-                              for i in ids]
-        compute_s = self.clock() - started
-        for row, item in enumerate(pending):
-            req = item.request
-            token = sample(logits[row], req.sampling, len(req.prompt_token_ids))
+            handle = self.exporter.register(request_id, item.block_ids, num_tokens)
+        except Exception:
+            self.allocator.free(item.block_ids)
+            raise
+        self.held_blocks[request_id] = item.block_ids
+        return handle
+
+    def _run(self, items: list[_Pending]) -> torch.Tensor:
+        ids = [item.request.request_id for item in items]
+        chunks = [SeqChunk(item.request.prompt_token_ids, 0, item.block_ids) for item in items]
+        with torch.inference_mode():
+            return self.model.forward(chunks, self.pool,
+                                      on_layer_done=lambda layer: self.exporter.mark_layers_ready(ids, layer))
+
+    def _forward(self, items: list[_Pending]) -> list:
+        """Each request's logits row, or the exception its forward pass raised. A failed batch is rerun
+        request by request (rows do not depend on their batch), so only the culprit fails."""
+        if not items:
+            return []
+        try:
+            logits = self._run(items)
+            return [logits[i] for i in range(len(items))]
+        except Exception as exc:
+            if len(items) == 1:
+                return [exc]
+            log.warning("a prefill batch of %d requests failed (%s: %s); rerunning them one by one",
+                        len(items), type(exc).__name__, exc)
+        results = []
+        for item in items:
             try:
-                handle = self.exporter.complete(req.request_id, token)
-            except KvExportNotFoundError as exc:   # timed out or cancelled while the batch ran
-                outputs.append(EngineOutput(req.request_id, finished=True, finish_reason="error", error=str(exc),
-                                            error_kind="unavailable"))
-                continue
-            self.num_completed += 1
-            outputs.append(EngineOutput(
-                req.request_id, new_token_ids=[token], sequence_length=len(req.prompt_token_ids) + 1,
-                finished=True, finish_reason="length" if req.max_new_tokens <= 1 else None,
-                context_phase_params=handle,
-                perf={"prefill_queue_s": started - req.arrival_s, "prefill_compute_s": compute_s,
-                      "prefill_batch_size": float(len(pending)), "prefill_batch_tokens": float(batch.num_tokens)}))
-        return outputs
+                results.append(self._run([item])[0])
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _error(self, item: _Pending, message: str, kind: str = "internal") -> EngineOutput:
+        """Fails one request: its export (if any) is failed, so decode hears the cause and its blocks return."""
+        request_id = item.request.request_id
+        message = f"request {request_id}: {message}"
+        if request_id in self.held_blocks:
+            self.exporter.fail(request_id, message)
+        return EngineOutput(request_id, finished=True, finish_reason="error", error=message, error_kind=kind)
+
+    def _complete(self, item: _Pending, result, started: float, perf: dict[str, float]) -> EngineOutput:
+        req = item.request
+        if isinstance(result, Exception):
+            return self._error(item, f"prefill failed: {type(result).__name__}: {result}")
+        try:
+            token = sample(result, req.sampling, len(req.prompt_token_ids), req.banned_tokens([]))
+        except Exception as exc:
+            return self._error(item, f"sampling failed: {type(exc).__name__}: {exc}")
+        try:
+            handle = self.exporter.complete(req.request_id, token)
+        except KvExportNotFoundError as exc:   # timed out or cancelled while the batch ran
+            return EngineOutput(req.request_id, finished=True, finish_reason="error", error=str(exc),
+                                error_kind="unavailable")
+        self.num_completed += 1
+        stop = token == req.end_id or req.hits_stop_word([token])
+        return EngineOutput(
+            req.request_id, new_token_ids=[token], sequence_length=len(req.prompt_token_ids) + 1,
+            finished=True, finish_reason="stop" if stop else "length" if req.max_new_tokens <= 1 else None,
+            context_phase_params=handle, perf={"prefill_queue_s": started - req.arrival_s, **perf})
 
     def stats(self) -> dict[str, float]:
         return {"free_blocks": self.allocator.num_free_blocks, "used_blocks": self.allocator.num_used_blocks,

@@ -38,6 +38,25 @@ class EngineRequest:
     # context_only: answer with the handle as soon as the request is scheduled, so decode pulls the KV
     # layer by layer while prefill computes (the first token then reaches decode with the KV)
     layerwise_kv_transfer: bool = False
+    stop_words: list[list[int]] = field(default_factory=list)   # finish when the output ends with one
+    bad_words: list[list[int]] = field(default_factory=list)    # never complete one of these
+    min_tokens: int = 0                                          # end_id is not sampled before this many
+
+    def banned_tokens(self, generated: list[int]) -> set[int]:
+        """Tokens the next sample must not pick: the last token of each bad word whose other tokens end
+        the sequence so far, and end_id while fewer than min_tokens tokens were generated."""
+        history = self.prompt_token_ids + generated
+        banned = {w[-1] for w in self.bad_words if w and ends_with(history, w[:-1])}
+        if self.end_id is not None and len(generated) < self.min_tokens:
+            banned.add(self.end_id)
+        return banned
+
+    def hits_stop_word(self, generated: list[int]) -> bool:
+        return any(w and ends_with(generated, w) for w in self.stop_words)
+
+
+def ends_with(tokens: list[int], suffix: list[int]) -> bool:
+    return not suffix or (len(tokens) >= len(suffix) and tokens[-len(suffix):] == suffix)
 
 
 @dataclass
@@ -51,3 +70,21 @@ class EngineOutput:
     error_kind: str = "internal"
     context_phase_params: bytes | None = None
     perf: dict[str, float] = field(default_factory=dict)   # TTFT breakdown, seconds
+
+
+def check_tokens(request: EngineRequest, vocab_size: int) -> None:
+    """Every token id the request carries must be in the vocabulary [0, vocab_size)."""
+    who = f"request {request.request_id}"
+    bad = next(((i, t) for i, t in enumerate(request.prompt_token_ids) if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise RequestError(f"{who}: input_ids[{bad[0]}] = {bad[1]} is outside the vocabulary [0, {vocab_size})")
+    for name, words in (("stop_words_list", request.stop_words), ("bad_words_list", request.bad_words)):
+        wrong = [t for w in words for t in w if not 0 <= t < vocab_size]
+        if wrong:
+            raise RequestError(f"{who}: {name} holds token id {wrong[0]}, outside the vocabulary [0, {vocab_size})")
+    if request.end_id is not None and request.end_id >= vocab_size:
+        raise RequestError(f"{who}: end_id {request.end_id} is outside the vocabulary [0, {vocab_size}) "
+                           f"(send -1 for none)")
+    if request.sampling.top_k > vocab_size:
+        raise RequestError(f"{who}: runtime_top_k must be <= the vocabulary size {vocab_size}, "
+                           f"got {request.sampling.top_k}")

@@ -12,6 +12,10 @@ ERROR_CODES = {
     "unavailable": "UNAVAILABLE",
     "internal": "INTERNAL",
     "cancelled": "CANCELLED",
+    "unsupported": "UNSUPPORTED",
+    "not_found": "NOT_FOUND",
+    "already_exists": "ALREADY_EXISTS",
+    "unknown": "UNKNOWN",
 }
 
 
@@ -23,6 +27,16 @@ def model_parameters(args: dict) -> dict[str, str]:
 def triton_error(message: str, kind: str = "invalid_arg"):
     code = getattr(pb_utils.TritonError, ERROR_CODES.get(kind, "INTERNAL"), None)
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
+
+
+def kind_of(error) -> str:
+    """The kind (ERROR_CODES key) of a pb_utils.TritonError, e.g. a BLS sub-request's response.error(), so an
+    orchestrator passes on the role model's code instead of blaming the client for every failure."""
+    code = error.code() if hasattr(error, "code") else None
+    for kind, name in ERROR_CODES.items():
+        if code is not None and code == getattr(pb_utils.TritonError, name, object()):
+            return kind
+    return "internal"
 
 
 def error_response(message: str, kind: str = "invalid_arg"):

@@ -26,7 +26,7 @@ from trtpd.engine.request import EngineOutput, RequestError
 from trtpd.errors import TrtpdError
 from trtpd.serving.metrics import RoleMetrics
 from trtpd.serving.pb import error_response, input_getter, model_parameters, tensor
-from trtpd.serving.request_parsing import parse_parameters, parse_request
+from trtpd.serving.request_parsing import error_kind, parse_parameters, parse_request
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class RoleModel:
                 req = parse_request(input_getter(request), parse_parameters(request.parameters()), request_id, now)
                 self.loaded.engine.validate(req)
             except (RequestError, TrtpdError, ValueError) as exc:
-                sender.send(error_response(str(exc), getattr(exc, "kind", "invalid_arg")), flags=FINAL)
+                sender.send(error_response(str(exc), error_kind(exc)), flags=FINAL)
                 continue
             with self.lock:
                 self.active[request_id] = _Active(sender, req.streaming)

@@ -1,12 +1,21 @@
 """Triton python models `preprocessing` (text -> input_ids, validated) and `postprocessing`
-(output_ids -> text_output)."""
+(output_ids -> text_output).
+
+Preprocessing is the ensemble's edge: it refuses request parameters (HTTP generate's unknown JSON keys),
+validates every sampling field under the name the client used, and emits the role-model tensors
+(TensorRT-LLM names: stop_words_list, bad_words_list, min_tokens, ...) with defaults filled in.
+Postprocessing prepends the prompt when a non-streaming client sends exclude_input_in_output=false
+(trtpd's default is true: text_output holds the completion only).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtpd.engine.request import RequestError
 from trtpd.serving.pb import error_response, input_getter, model_parameters, request_label, tensor
+from trtpd.serving.request_parsing import parse_entry, parse_parameters, refuse_parameters
 from trtpd.serving.tokenizers import load_text_tokenizer
 
 
@@ -18,35 +27,47 @@ class Preprocessing:
         self.max_output_len = int(params["max_output_len"])
 
     def _one(self, request):
-        get = input_getter(request)
         who = request_label(request)
-        texts = get("text_input")
-        if texts is None or texts.size != 1:
-            return error_response(f"{who}: text_input must hold exactly one prompt")
-        raw = texts.reshape(-1)[0]
-        raw = raw if isinstance(raw, bytes) else str(raw).encode()
-        if not raw:
-            return error_response(f"{who}: text_input is empty; send a non-empty prompt")
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return error_response(f"{who}: text_input is not valid UTF-8 (byte {exc.start}: {exc.reason}); "
-                                  f"send UTF-8 text")
+            return self._parse(request, who)
+        except RequestError as exc:
+            return error_response(str(exc), exc.kind)
+
+    def _parse(self, request, who: str):
+        get = input_getter(request)
+        refuse_parameters(parse_parameters(request.parameters()), who)
+        text = self._text(get, who)
         max_tokens = get("max_tokens")
         if max_tokens is None or max_tokens.size != 1:
-            return error_response(f"{who}: max_tokens is required (one integer)")
+            raise RequestError(f"{who}: max_tokens is required (one integer)")
         max_tokens = int(max_tokens.reshape(-1)[0])
         if not 1 <= max_tokens <= self.max_output_len:
-            return error_response(f"{who}: max_tokens must be between 1 and {self.max_output_len}, got {max_tokens}")
+            raise RequestError(f"{who}: max_tokens must be between 1 and {self.max_output_len}, got {max_tokens}")
+        sampling = parse_entry(get, self.tokenizer, who)
         ids = self.tokenizer.encode(text)
         if len(ids) > self.max_input_len:
-            return error_response(f"{who}: prompt is {len(ids)} tokens, above the maximum input length "
-                                  f"{self.max_input_len}; shorten the prompt")
+            raise RequestError(f"{who}: prompt is {len(ids)} tokens, above the maximum input length "
+                               f"{self.max_input_len}; shorten the prompt")
         return pb_utils.InferenceResponse(output_tensors=[
             tensor("input_ids", np.array([ids], dtype=np.int32)),
             tensor("input_lengths", np.array([[len(ids)]], dtype=np.int32)),
             tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32)),
-        ])
+        ] + [tensor(name, value) for name, value in sampling.items()])
+
+    @staticmethod
+    def _text(get, who: str) -> str:
+        texts = get("text_input")
+        if texts is None or texts.size != 1:
+            raise RequestError(f"{who}: text_input must hold exactly one prompt")
+        raw = texts.reshape(-1)[0]
+        raw = raw if isinstance(raw, bytes) else str(raw).encode()
+        if not raw:
+            raise RequestError(f"{who}: text_input is empty; send a non-empty prompt")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RequestError(f"{who}: text_input is not valid UTF-8 (byte {exc.start}: {exc.reason}); "
+                               f"send UTF-8 text") from None
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
@@ -57,11 +78,22 @@ class Postprocessing:
         self.tokenizer = load_text_tokenizer(model_parameters(args)["tokenizer_dir"])
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            ids = input_getter(request)("output_ids")
-            tokens = [] if ids is None else [int(t) for t in ids.reshape(-1)]
-            text = self.tokenizer.decode(tokens).encode("utf-8")
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                tensor("text_output", np.array([[text]], dtype=np.object_))]))
-        return responses
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        get = input_getter(request)
+        ids = get("output_ids")
+        tokens = [] if ids is None else [int(t) for t in ids.reshape(-1)]
+        text = self.tokenizer.decode(tokens)
+        if _flag(get, "exclude_input_in_output", True) is False and not _flag(get, "stream", False):
+            prompt = get("text_input")
+            if prompt is not None and prompt.size == 1:
+                raw = prompt.reshape(-1)[0]
+                text = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)) + text
+        return pb_utils.InferenceResponse(output_tensors=[
+            tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))])
+
+
+def _flag(get, name: str, default: bool) -> bool:
+    value = get(name)
+    return default if value is None or value.size == 0 else bool(value.reshape(-1)[0])

@@ -14,6 +14,7 @@ class HfTokenizer:
         from transformers import AutoTokenizer   # only in the GPU serving container
         self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.eos_id = self.tok.eos_token_id
+        self.vocab_size = len(self.tok)
 
     def encode(self, text: "str | bytes", add_bos: bool = True) -> list[int]:
         if isinstance(text, bytes):
