@@ -1,0 +1,60 @@
+"""`trtpd --help`, `plan`, `simulate`, `lint`, `build --dry-run` never import torch (it costs ~1.5 s of start-up)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# Runs the CLI in a fresh interpreter and prints, after it exits, which heavy modules it imported.
+PROBE = """
+import sys
+from trtpd.cli.main import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+heavy = sorted(m for m in ("torch", "pytriton", "safetensors", "tritonclient") if m in sys.modules)
+print("HEAVY", ",".join(heavy) or "-", "EXIT", code, file=sys.stderr)
+"""
+
+COMMANDS = [
+    ["--help"],
+    ["--version"],
+    ["plan", "--help"],
+    ["plan", "--rate-per-s", "5", "--no-verify"],
+    ["plan", "--method", "seed004", "--tokens-per-min", "5e6"],
+    ["simulate", "--rate-per-s", "2", "--num-requests", "200", "--mode", "disaggregated"],
+    ["lint", "--list-rules"],
+    ["build", "--model", "llama-2-70b", "--dry-run"],
+    ["build", "--backend", "reference", "--model", "tiny-llama", "--dry-run"],
+    ["plan", "--attainment", "90"],
+]
+
+
+def heavy_modules(argv: list[str], cwd) -> tuple[list[str], int]:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, cwd=cwd, timeout=120)
+    line = [ln for ln in proc.stderr.splitlines() if ln.startswith("HEAVY ")][-1]
+    _, heavy, _, code = line.split()
+    return ([] if heavy == "-" else heavy.split(",")), int(code or 0)
+
+
+@pytest.mark.parametrize("argv", COMMANDS, ids=" ".join)
+def test_command_does_not_import_torch(argv, tmp_path):
+    heavy, code = heavy_modules(argv, tmp_path)
+    assert "torch" not in heavy, f"trtpd {' '.join(argv)} imported {heavy}"
+    assert "pytriton" not in heavy and "safetensors" not in heavy
+    assert code in (0, 2)
+
+
+def test_help_imports_nothing_heavy(tmp_path):
+    assert heavy_modules(["--help"], tmp_path) == ([], 0)
+    assert heavy_modules(["plan", "--help"], tmp_path) == ([], 0)
+
+
+def test_the_probe_sees_torch_when_it_is_imported(tmp_path):
+    """The probe can fail: with torch imported before the CLI runs, it reports torch."""
+    proc = subprocess.run([sys.executable, "-c", "import torch, sys; " + PROBE.replace("import sys\n", ""),
+                           "--version"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert "HEAVY torch" in proc.stderr
