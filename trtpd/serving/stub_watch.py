@@ -1,0 +1,278 @@
+"""A dead python-backend stub is seen and handled: the deployment fails fast, like a pod whose container exits.
+
+Why. In Triton 2.51 a decoupled model whose stub process died is never restarted: the model stays READY
+and its in-flight requests never complete. So every trtpd python model registers its stub at initialize
+(`<state_dir>/stubs/<model>-<pid>.json`: pid, start time, model, instance, server pid) and runs a
+`StubWatch` thread that polls every 0.25 s:
+- its parent is no longer the tritonserver it started under: the server is gone, the stub removes its
+  registry entry and the server's /dev/shm files and exits (stubs never outlive their server);
+- another registered stub of the same server is dead (its pid gone, or reused: start time differs): it
+  writes `<state_dir>/deaths.json` (first writer wins), the orchestrator fails its in-flight requests at once
+  (`on_death`), and the detecting stub sends SIGTERM to tritonserver so readiness goes false.
+A role stub leaves the first move to a live orchestrator for `GRACE_S`, so the record counts the failed
+requests. A stub deregisters in `stop()` (its model's finalize), and `<state_dir>/stopping` (written by
+`trtpd down`) silences detection, so an orderly shutdown is never reported as a death.
+The state folder comes from TRTPD_STATE_DIR (start_server sets it); unset (e.g. the GPU container): no watch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STATE_ENV = "TRTPD_STATE_DIR"
+SHM_ENV = "TRTPD_SHM_PREFIX"
+DEATHS_FILE = "deaths.json"
+STOPPING_FILE = "stopping"
+POLL_S = 0.25
+GRACE_S = 1.0
+log = logging.getLogger(__name__)
+
+
+# ---- /proc ----------------------------------------------------------------------------------
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/<pid>/stat (after the command name), or None when there is no such process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat: the process's start time in clock ticks since boot (None: no process)."""
+    fields = proc_stat(pid)
+    return int(fields[19]) if fields else None
+
+
+def is_running(pid: int, started: int | None) -> bool:
+    """The process `pid` that started at `started` still runs (not reused, not a zombie)."""
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] != "Z" and (started is None or int(fields[19]) == started)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return ""
+
+
+def all_pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+# ---- registry and death record ---------------------------------------------------------------
+@dataclass(frozen=True)
+class StubEntry:
+    pid: int
+    start_time: int
+    model: str
+    instance: str
+    server_pid: int
+    orchestrator: bool = False
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.model}-{self.pid}.json"
+
+
+def write_private(path: Path, data: dict, exclusive: bool = False) -> bool:
+    """Writes JSON atomically with mode 0600; with `exclusive` only if `path` does not exist yet (first
+    writer wins). Returns whether this call wrote it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2))
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)    # atomic, and fails when another writer was first
+            return True
+        except FileExistsError:
+            return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def register(state_dir: Path, model: str, instance: str, orchestrator: bool = False) -> StubEntry:
+    pid = os.getpid()
+    entry = StubEntry(pid, start_time(pid) or 0, model, instance, os.getppid(), orchestrator)
+    folder = Path(state_dir) / "stubs"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write_private(folder / entry.file_name, asdict(entry))
+    return entry
+
+
+def read_registry(state_dir: Path) -> list[StubEntry]:
+    entries = []
+    for path in sorted((Path(state_dir) / "stubs").glob("*.json")):
+        try:
+            entries.append(StubEntry(**json.loads(path.read_text())))
+        except (OSError, ValueError, TypeError):   # half-removed or foreign file: not a stub of ours
+            continue
+    return entries
+
+
+def dead_peers(entries: list[StubEntry], me: StubEntry,
+               alive: Callable[[int, int | None], bool] = is_running) -> list[StubEntry]:
+    """Registered stubs of my server, other than me, that no longer run."""
+    return [e for e in entries if e.server_pid == me.server_pid and e.pid != me.pid
+            and not alive(e.pid, e.start_time)]
+
+
+def death_message(record: dict) -> str:
+    return (f"model '{record['model']}' (stub pid {record['pid']}) died; the deployment is stopping, "
+            f"retry after `trtpd up`")
+
+
+def death_record(dead: StubEntry, detected_by: StubEntry, failed_requests: int | None, now: float) -> dict:
+    record = {"model": dead.model, "instance": dead.instance, "pid": dead.pid, "server_pid": dead.server_pid,
+              "detected_at": now, "detected_by": f"{detected_by.model} (pid {detected_by.pid})",
+              "failed_requests": failed_requests}
+    return {**record, "message": death_message(record)}
+
+
+def read_death(state_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(state_dir) / DEATHS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def format_death(record: dict) -> str:
+    """One line for `trtpd status`."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.get("detected_at", 0)))
+    failed = record.get("failed_requests")
+    failed = "unknown" if failed is None else str(failed)
+    return (f"model '{record.get('model')}' (stub pid {record.get('pid')}) died; detected {when} by "
+            f"{record.get('detected_by')}; in-flight requests failed: {failed}")
+
+
+def mark_stopping(state_dir: Path) -> None:
+    write_private(Path(state_dir) / STOPPING_FILE, {"since": time.time()})
+
+
+def clear_state(state_dir: Path) -> None:
+    """Removes the registry, the death record and the stopping mark (before a fresh start)."""
+    state_dir = Path(state_dir)
+    for path in (state_dir / "stubs").glob("*.json"):
+        path.unlink(missing_ok=True)
+    (state_dir / DEATHS_FILE).unlink(missing_ok=True)
+    (state_dir / STOPPING_FILE).unlink(missing_ok=True)
+
+
+def remove_shm(prefix: str) -> None:
+    if prefix:
+        for path in Path("/dev/shm").glob(f"{prefix}*"):
+            path.unlink(missing_ok=True)
+
+
+# ---- the watchdog ----------------------------------------------------------------------------
+class StubWatch:
+    """Registers this stub and watches its server and its peers (see the module docstring).
+    `on_death(message)` fails the caller's in-flight requests and returns how many it failed."""
+
+    def __init__(self, state_dir: Path, model: str, instance: str,
+                 on_death: Callable[[str], int] | None = None, poll_s: float = POLL_S, start: bool = True) -> None:
+        self.state_dir = Path(state_dir)
+        self.on_death = on_death
+        self.poll_s = poll_s
+        self.grace_s = GRACE_S
+        self.kill = os.kill      # how the server is signalled (tests replace it)
+        self.me = register(self.state_dir, model, instance, orchestrator=on_death is not None)
+        self._handled = False
+        self._first_seen: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{model}-stub-watch", daemon=True)
+        if start:
+            self._thread.start()
+
+    @classmethod
+    def from_env(cls, model: str, instance: str, on_death: Callable[[str], int] | None = None) -> "StubWatch | None":
+        state_dir = os.environ.get(STATE_ENV)
+        return cls(Path(state_dir), model, instance, on_death) if state_dir else None
+
+    def stop(self) -> None:
+        """Orderly end (the model's finalize): deregister first, so no peer reports this exit as a death."""
+        self._stop.set()
+        (self.state_dir / "stubs" / self.me.file_name).unlink(missing_ok=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.check()
+            except Exception:   # the watch must keep watching
+                log.exception("stub watch of %s failed", self.me.model)
+
+    def check(self) -> None:
+        if os.getppid() != self.me.server_pid:   # tritonserver is gone: so are we
+            self.stop()
+            remove_shm(os.environ.get(SHM_ENV, ""))
+            os._exit(1)
+        if self._handled or (self.state_dir / STOPPING_FILE).exists():
+            return
+        record = read_death(self.state_dir)
+        if record is not None and record.get("server_pid") == self.me.server_pid:
+            self._handled = True            # another stub detected it: fail what we hold, once
+            if self.on_death is not None:
+                self.on_death(record["message"])
+            return
+        entries = read_registry(self.state_dir)
+        dead = dead_peers(entries, self.me)
+        if not dead:
+            return
+        now = time.time()
+        self._first_seen = self._first_seen or now
+        live_orchestrator = any(e.orchestrator and e not in dead and e.pid != self.me.pid for e in entries)
+        if self.on_death is None and live_orchestrator and now - self._first_seen < self.grace_s:
+            return                          # the orchestrator fails the requests and writes the record
+        self._handled = True
+        message = death_message({"model": dead[0].model, "pid": dead[0].pid})
+        failed = self.on_death(message) if self.on_death is not None else None
+        if write_private(self.state_dir / DEATHS_FILE, death_record(dead[0], self.me, failed, now), exclusive=True):
+            log.error("%s; stopping tritonserver (pid %d)", message, self.me.server_pid)
+            self.kill(self.me.server_pid, signal.SIGTERM)
+
+
+# ---- leftovers of a server that is gone (trtpd down, trtpd up after a crash) -----------------
+def leftover_stubs(repo: str, since: int) -> list[int]:
+    """Python-backend stubs serving a model of `repo` that started at or after `since` (clock ticks)."""
+    marker = str(repo).rstrip("/") + "/"
+    found = []
+    for pid in all_pids():
+        if pid == os.getpid():
+            continue
+        cmd = cmdline(pid)
+        if "triton_python_backend_stub" in cmd and marker in cmd:
+            started = start_time(pid)
+            if started is not None and started >= since:
+                found.append(pid)
+    return found
+
+
+def kill_and_wait(pids: list[int], timeout_s: float = 5.0) -> list[int]:
+    """SIGKILLs each process by pid (checked by start time, so a reused pid is spared) and waits until they
+    are gone; returns the ones still there after `timeout_s`."""
+    started = {pid: start_time(pid) for pid in pids}
+    for pid, st in started.items():
+        if st is not None and is_running(pid, st):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    deadline = time.monotonic() + timeout_s
+    left = [p for p, st in started.items() if st is not None and is_running(p, st)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if is_running(p, started[p])]
+    return left
