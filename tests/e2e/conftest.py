@@ -10,17 +10,19 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from trtpd.bench.client import BenchRequest, run_stream
-from trtpd.repo.reference import ReferenceDeployment, render_reference_repository
+from trtpd.repo.reference import KEY_FILE, ReferenceDeployment, render_reference_repository
 from trtpd.serving import deployment
 from trtpd.serving.tritonserver import start_server, stop_server, wait_ready
 
 pytestmark = pytest.mark.e2e
+ROLE_MODELS = ("prefill", "decode", "colocated")
 
 
 @pytest.fixture(scope="session")
@@ -63,9 +65,22 @@ class Server:
         reqs = [BenchRequest(rid, text, max_tokens, 0.0) for rid, text in prompts.items()]
         return {r.request_id: r for r in run_stream(self.grpc_url, reqs, timeout_s=timeout_s)}
 
+    def orchestrator_auth(self, request_type: str, input_ids) -> dict:
+        """The trtpd_auth parameter the BLS would add (role models refuse requests without it)."""
+        from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
+        from trtpd.kv.handle import load_or_create_key_file
+        repo = Path(self.server.repo)
+        key = load_or_create_key_file(repo.parent / f"{repo.name}.{KEY_FILE}")
+        return {AUTH_PARAMETER: orchestrator_token(key, request_type, input_ids, time.time())}
+
     def call(self, model: str, tensors: dict[str, np.ndarray], parameters: dict | None = None,
-             timeout_s: float = 60.0) -> list:
-        """One request on a decoupled model over the gRPC stream; returns its responses (or raises)."""
+             timeout_s: float = 60.0, auth: bool = True) -> list:
+        """One request on a decoupled model over the gRPC stream; returns its responses (or raises).
+        Requests to the role models carry the orchestrator's proof unless auth=False."""
+        parameters = dict(parameters or {})
+        if auth and model in ROLE_MODELS:
+            parameters.update(self.orchestrator_auth(str(parameters.get("request_type", "")),
+                                                     tensors.get("input_ids")))
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(self.grpc_url)
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -76,7 +91,7 @@ class Server:
             t = grpcclient.InferInput(name, list(value.shape), dtype)
             t.set_data_from_numpy(value)
             inputs.append(t)
-        client.async_stream_infer(model, inputs, request_id="e2e", parameters=parameters or {},
+        client.async_stream_infer(model, inputs, request_id="e2e", parameters=parameters,
                                   enable_empty_final_response=True)
         out = []
         try:

@@ -77,7 +77,8 @@ def test_blocks_return_after_cancelled_prefills(fp16_disagg, tokenizer):
             t = grpcclient.InferInput(name, list(value.shape), "INT32")
             t.set_data_from_numpy(value)
             inputs.append(t)
-        client.async_stream_infer("prefill", inputs, request_id=f"c{i}", parameters={"request_type": "context_only"})
+        client.async_stream_infer("prefill", inputs, request_id=f"c{i}", parameters={
+            "request_type": "context_only", **fp16_disagg.orchestrator_auth("context_only", [ids])})
     deadline = time.monotonic() + 10
     while fp16_disagg.kv_blocks("prefill") == start and time.monotonic() < deadline:
         time.sleep(0.01)   # until the first batch holds blocks

@@ -48,10 +48,11 @@ class KvPeerAuthError(KvTransferError):
     """The other end of a KV pull did not prove it holds the deployment's KV key."""
 
 
-class OrchestratorAuthError(TrtpdError):
-    """A role-model request did not carry a valid proof that the deployment's orchestrator sent it."""
+class OrchestratorAuthError(TrtpdError, ValueError):
+    """A role-model request did not carry a valid proof that the deployment's orchestrator sent it.
+    The caller's fault: INVALID_ARG (Triton has no PERMISSION_DENIED code; the message says permission denied)."""
 
-    kind = "invalid_arg"   # Triton has no PERMISSION_DENIED code; the message says permission denied
+    kind = "invalid_arg"
 
 
 def derive_key(key: bytes, purpose: str) -> bytes:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -47,6 +48,11 @@ def _outputs(response) -> dict[str, np.ndarray]:
     if response.has_error():
         raise BlsError(response.error().message(), kind_of(response.error()))   # the role model's own code
     return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
+def _auth_key(key_file: str) -> bytes | None:
+    from trtpd.kv.handle import load_or_create_key_file
+    return load_or_create_key_file(key_file) if key_file else None
 
 
 def _auth_key(key_file: str) -> bytes | None:
@@ -120,6 +126,7 @@ class DisaggBls:
         self.colocated_model = params.get("colocated_model_name", "colocated")
         self.kv_transfer = params.get("kv_transfer", "after_prefill")
         self.auth_key = _auth_key(params.get("kv_key_file", ""))   # None: role models that check nothing (GPU)
+        self.auth_key = _auth_key(params.get("kv_key_file", ""))   # None: role models that check nothing (GPU)
         # TensorRT-LLM role models have no perf outputs; ask only for what the role models declare
         extra = [n for n in params.get("perf_outputs", "").split(",") if n]
         self.requested_outputs = ROLE_OUTPUTS + extra
@@ -139,6 +146,10 @@ class DisaggBls:
         return None
 
     def _sub_request(self, job: _Job, model: str, params: dict, extra: list) -> object:
+        if self.auth_key is not None:   # proves to the role model that the orchestrator sent it (kv/auth.py)
+            from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
+            params = {**params, AUTH_PARAMETER: orchestrator_token(
+                self.auth_key, params.get("request_type", ""), job.inputs.get("input_ids"), time.time())}
         if self.auth_key is not None:   # proves to the role model that the orchestrator sent it (kv/auth.py)
             from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
             params = {**params, AUTH_PARAMETER: orchestrator_token(

@@ -37,8 +37,11 @@ class Deployment:
 
     def save(self) -> None:
         path = deployment_dir(self.name) / "deployment.json"
-        path.write_text(json.dumps({"name": self.name, "mode": self.mode, "server": self.server.to_dict(),
-                                    "started_at": self.started_at, "build_root": self.build_root}, indent=2))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)   # owner only, like the rest of the folder
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"name": self.name, "mode": self.mode, "server": self.server.to_dict(),
+                                "started_at": self.started_at, "build_root": self.build_root}, indent=2))
 
     @classmethod
     def load(cls, name: str) -> "Deployment":

@@ -24,6 +24,7 @@ from trtpd.engine.loader import KvTransferOptions, load_engine
 from trtpd.engine.loop import EngineLoop
 from trtpd.engine.request import EngineOutput, RequestError
 from trtpd.errors import TrtpdError
+from trtpd.kv.auth import AUTH_PARAMETER, check_orchestrator_token
 from trtpd.serving.metrics import RoleMetrics
 from trtpd.serving.pb import error_response, input_getter, model_parameters, tensor
 from trtpd.serving.request_parsing import error_kind, parse_parameters, parse_request
@@ -59,6 +60,11 @@ class RoleModel:
         kv = KvTransferOptions(transport=params.get("kv_transport", "shm"),
                                key_file=Path(params["kv_key_file"]) if params.get("kv_key_file") else None,
                                timeout_ms=int(params.get("kv_transfer_timeout_ms") or 30000))
+        if kv.key_file is None:
+            raise TrtpdError(f"{self.model_name}: parameter kv_key_file is required: requests are accepted only "
+                             f"with the orchestrator's proof made with that key (trtpd/kv/auth.py)")
+        from trtpd.kv.handle import load_or_create_key_file
+        self.auth_key = load_or_create_key_file(kv.key_file)
         self.loaded = load_engine(Path(params["engine_dir"]), kv, self.role)
         self.active: dict[str, _Active] = {}
         # One lock over `active` and every response-sender call: a sender must never be asked
@@ -84,7 +90,13 @@ class RoleModel:
             client_id = request.request_id()   # the client's id, kept readable; the suffix makes it unique
             request_id = f"{client_id}-{uuid.uuid4().hex[:8]}" if client_id else uuid.uuid4().hex
             try:
-                req = parse_request(input_getter(request), parse_parameters(request.parameters()), request_id, now)
+                parameters = parse_parameters(request.parameters())
+                # only the orchestrator may drive a role model: a local user sending context_only requests
+                # straight to prefill could otherwise pin its KV blocks, and decode could be made to pull
+                check_orchestrator_token(self.auth_key, parameters.get(AUTH_PARAMETER),
+                                         str(parameters.get("request_type") or ""), input_getter(request)("input_ids"),
+                                         time.time(), f"model {self.model_name!r}")
+                req = parse_request(input_getter(request), parameters, request_id, now)
                 self.loaded.engine.validate(req)
             except (RequestError, TrtpdError, ValueError) as exc:
                 sender.send(error_response(str(exc), error_kind(exc)), flags=FINAL)

@@ -114,6 +114,11 @@ class ServerProcess:
     repo: str
     log_path: str
     shm_prefix: str
+    admin_key_file: str = ""      # secret for Triton's restricted APIs (server_guard.admin_headers)
+
+    def admin_headers(self, protocol: str = "http") -> dict[str, str]:
+        from trtpd.serving.server_guard import admin_headers
+        return admin_headers(self.admin_key_file, protocol)
 
     @property
     def http_url(self) -> str:
@@ -164,8 +169,13 @@ def log_tail(path: str | Path, num_lines: int = 30) -> str:
 def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports: ServerPorts | None = None,
                  log_path: Path | None = None, extra_args: list[str] | None = None) -> ServerProcess:
     """Starts tritonserver in the background (its own session) and returns without waiting."""
+    from trtpd.kv.handle import load_or_create_key_file
+    from trtpd.serving import server_guard
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.chmod(0o700)     # repository, keys, logs, deployment.json: the owner's only
+    admin_key_file = state_dir / server_guard.ADMIN_KEY_FILE
+    admin_key = load_or_create_key_file(admin_key_file)
     backends = prepare_backend_dir(state_dir)
     ports = ports or ServerPorts.pick(host)
     for name, port in asdict(ports).items():
@@ -183,14 +193,22 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
            f"--backend-config=python,shm-default-byte-size={SHM_POOL_BYTES}",
            f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
            "--metrics-config=summary_latencies=true", "--log-verbose=0", *(extra_args or [])]
-    with open(log_path, "ab") as log:
-        log.write(("\n$ " + " ".join(cmd) + "\n").encode())
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(log_fd, 0o600)
+    with os.fdopen(log_fd, "ab") as log:
+        log.write(("\n$ " + " ".join(cmd) + " [+ restricted-API flags, hidden]\n").encode())
         log.flush()
         env = server_env()
         env["TRTPD_SHM_PREFIX"] = shm_prefix   # KV pools in /dev/shm carry it, so stop_server cleans them up
+        # the admin secret goes in the environment, not on the command line that every user can read, and
+        # the guard keeps the python backend's shared memory 0600 (server_guard.py)
+        env = server_guard.hide(env, server_guard.admin_flags(admin_key), state_dir)
+        # umask 077: the python backend's shared-memory regions (prompts, handles), the stubs' files and
+        # anything else the server creates are 0600, so other local users cannot read them
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=state_dir, start_new_session=True)
-    return ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix)
+                                env=env, cwd=state_dir, start_new_session=True, umask=0o077)
+    return ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix,
+                         str(admin_key_file))
 
 
 def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
