@@ -150,7 +150,8 @@ def parse_request(get: GetInput, parameters: dict, request_id: str, arrival_s: f
         context_phase_params=None if blob is None else np.asarray(blob, dtype=np.uint8).reshape(-1).tobytes(),
         arrival_s=arrival_s, layerwise_kv_transfer=_flag(parameters, "layerwise_kv_transfer"),
         stop_words=parse_word_list(get("stop_words_list"), "stop_words_list"),
-        bad_words=parse_word_list(get("bad_words_list"), "bad_words_list"), min_tokens=min_tokens)
+        bad_words=parse_word_list(get("bad_words_list"), "bad_words_list"), min_tokens=min_tokens,
+        return_generation_logits=bool(_scalar(get, "return_generation_logits", False)))
 
 
 def _flag(parameters: dict, name: str) -> bool:
@@ -165,9 +166,9 @@ def _flag(parameters: dict, name: str) -> bool:
 # accepted only at their neutral value: the reference engine and the orchestrator do not implement them
 NEUTRAL = {"beam_width": 1, "length_penalty": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
            "frequency_penalty": 0.0, "return_log_probs": False, "return_context_logits": False,
-           "return_generation_logits": False}
+           "return_generation_logits": False, "exclude_input_in_output": True}
 SUPPORTED = ("text_input, max_tokens, stream, end_id, pad_id, temperature, top_k, top_p, random_seed (or seed), "
-             "min_length, stop_words, bad_words, exclude_input_in_output")
+             "min_length, stop_words, bad_words")
 
 
 def refuse_parameters(parameters: dict, who: str) -> None:

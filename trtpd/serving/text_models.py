@@ -4,8 +4,8 @@
 Preprocessing is the ensemble's edge: it refuses request parameters (HTTP generate's unknown JSON keys),
 validates every sampling field under the name the client used, and emits the role-model tensors
 (TensorRT-LLM names: stop_words_list, bad_words_list, min_tokens, ...) with defaults filled in.
-Postprocessing prepends the prompt when a non-streaming client sends exclude_input_in_output=false
-(trtpd's default is true: text_output holds the completion only).
+text_output holds the completion only (exclude_input_in_output=true; false is refused: Triton 2.51 does
+not let the postprocessing step of a decoupled ensemble read ensemble inputs such as text_input).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import triton_python_backend_utils as pb_utils
 from trtpd.engine.request import RequestError
 from trtpd.serving.pb import error_response, input_getter, model_parameters, request_label, tensor
 from trtpd.serving.request_parsing import parse_entry, parse_parameters, refuse_parameters
+from trtpd.serving.stub_watch import StubWatch
 from trtpd.serving.tokenizers import load_text_tokenizer
 
 
@@ -25,6 +26,11 @@ class Preprocessing:
         self.tokenizer = load_text_tokenizer(params["tokenizer_dir"])
         self.max_input_len = int(params["max_input_len"])
         self.max_output_len = int(params["max_output_len"])
+        self.stub_watch = StubWatch.from_env(args["model_name"], args.get("model_instance_name", ""))
+
+    def finalize(self) -> None:
+        if self.stub_watch is not None:
+            self.stub_watch.stop()   # an orderly exit, not a death
 
     def _one(self, request):
         who = request_label(request)
@@ -76,24 +82,17 @@ class Preprocessing:
 class Postprocessing:
     def initialize(self, args: dict) -> None:
         self.tokenizer = load_text_tokenizer(model_parameters(args)["tokenizer_dir"])
+        self.stub_watch = StubWatch.from_env(args["model_name"], args.get("model_instance_name", ""))
+
+    def finalize(self) -> None:
+        if self.stub_watch is not None:
+            self.stub_watch.stop()   # an orderly exit, not a death
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
 
     def _one(self, request):
-        get = input_getter(request)
-        ids = get("output_ids")
+        ids = input_getter(request)("output_ids")
         tokens = [] if ids is None else [int(t) for t in ids.reshape(-1)]
-        text = self.tokenizer.decode(tokens)
-        if _flag(get, "exclude_input_in_output", True) is False and not _flag(get, "stream", False):
-            prompt = get("text_input")
-            if prompt is not None and prompt.size == 1:
-                raw = prompt.reshape(-1)[0]
-                text = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)) + text
-        return pb_utils.InferenceResponse(output_tensors=[
-            tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))])
-
-
-def _flag(get, name: str, default: bool) -> bool:
-    value = get(name)
-    return default if value is None or value.size == 0 else bool(value.reshape(-1)[0])
+        text = self.tokenizer.decode(tokens).encode("utf-8")
+        return pb_utils.InferenceResponse(output_tensors=[tensor("text_output", np.array([[text]], dtype=np.object_))])
