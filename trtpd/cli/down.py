@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     names = [d.name for d in deployment.list_deployments()] if args.all else [args.name]
     for name in names:
         dep = deployment.down(name)
+        if dep.note:
+            print(f"{name}: {dep.note}")
         print(f"stopped {name} (pid {dep.server.pid})")
     if not names:
         print("no deployments")

@@ -1,8 +1,9 @@
-"""`trtpd status`: what runs, where, and how full its KV caches are."""
+"""`trtpd status`: what runs, where, how full its KV caches are, and why a deployment failed."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import urllib.request
 
@@ -24,7 +25,11 @@ def kv_usage(metrics_url: str) -> dict[str, str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("status", help="list deployments and their state", description="List deployments.")
+    p = sub.add_parser("status", help="list deployments and their state",
+                       description="List deployments: state (ready, starting, failed: a model's stub died, "
+                                   "exited), endpoints, KV usage.")
+    p.add_argument("--name", help="only this deployment (default: all)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
 
@@ -34,17 +39,29 @@ def run(args: argparse.Namespace) -> int:
 
     from trtpd.serving import deployment
 
-    deps = deployment.list_deployments()
-    if not deps:
+    deps = [deployment.Deployment.load(args.name)] if args.name else deployment.list_deployments()
+    rows = []
+    for dep in deps:
+        s = dep.server
+        state, reason = dep.state()
+        rows.append({"name": dep.name, "mode": dep.mode, "pid": s.pid, "state": state, "reason": reason,
+                     "http": s.http_url, "grpc": s.grpc_url, "metrics": s.metrics_url,
+                     "kv_blocks": kv_usage(s.metrics_url) if state == "ready" else {},
+                     "death": dep.death(), "up_s": round(time.time() - dep.started_at)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
         print("no deployments (start one with `trtpd up`)")
         return 0
     table = Table("name", "mode", "pid", "state", "HTTP", "gRPC", "metrics", "KV blocks used/max", "up")
-    for dep in deps:
-        s = dep.server
-        state = "ready" if s.is_ready() else ("starting" if s.is_alive() else "dead")
-        usage = kv_usage(s.metrics_url) if state == "ready" else {}
-        table.add_row(dep.name, dep.mode, str(s.pid), state, s.http_url, s.grpc_url, s.metrics_url,
-                      ", ".join(f"{m} {u}" for m, u in usage.items()) or "-",
-                      f"{time.time() - dep.started_at:.0f} s")
+    for r in rows:
+        table.add_row(r["name"], r["mode"], str(r["pid"]), r["state"], r["http"], r["grpc"], r["metrics"],
+                      ", ".join(f"{m} {u}" for m, u in r["kv_blocks"].items()) or "-", f"{r['up_s']} s")
     Console().print(table)
+    for r in rows:
+        if r["reason"]:
+            print(f"{r['name']}: {r['state']}: {r['reason']}")
+            if r["state"] == "failed":
+                print(f"  stop it with `trtpd down --name {r['name']}`, then `trtpd up` again")
     return 0

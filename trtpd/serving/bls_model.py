@@ -28,6 +28,7 @@ from trtpd.serving.admission import Admission, OverloadedError, Slot
 from trtpd.engine.request import ends_with
 from trtpd.serving.pb import error_response, kind_of, model_parameters, tensor
 from trtpd.serving.request_parsing import parse_word_list
+from trtpd.serving.stub_watch import StubWatch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temperature",
@@ -86,6 +87,7 @@ class _Job:
         self.tokens: list[int] = []
         self.perf: dict[str, np.ndarray] = {}
         self.finished = False
+        self.lock = threading.Lock()   # one FINAL per job: its thread and the stub watch both may end it
 
     def is_last(self, token: int) -> bool:
         return (len(self.tokens) >= self.max_tokens or (self.end_id is not None and token == self.end_id)
@@ -93,16 +95,25 @@ class _Job:
 
     def send_tokens(self, new: list[int]) -> None:
         """Streams (or collects) tokens; sends FINAL with the last one."""
-        for token in new:
-            if self.finished:
-                return
-            self.tokens.append(token)
-            last = self.is_last(token)
-            if self.streaming:
-                self._send([token], final=last)
-            elif last:
-                self._send(self.tokens, final=True)
-            self.finished = last
+        with self.lock:
+            for token in new:
+                if self.finished:
+                    return
+                self.tokens.append(token)
+                last = self.is_last(token)
+                if self.streaming:
+                    self._send([token], final=last)
+                elif last:
+                    self._send(self.tokens, final=True)
+                self.finished = last
+
+    def cancelled(self) -> bool:
+        """The client went away (never asked after FINAL: tritonserver would touch a freed response factory)."""
+        with self.lock:
+            if self.finished or not self.sender.is_cancelled():
+                return False
+            self.finished = True
+            return True
 
     def _send(self, tokens: list[int], final: bool) -> None:
         tensors = [tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
@@ -111,10 +122,25 @@ class _Job:
             tensors += [tensor(n, v) for n, v in self.perf.items()]
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
-    def fail(self, message: str, kind: str = "invalid_arg") -> None:
-        if not self.finished:
+    def fail(self, message: str, kind: str = "invalid_arg") -> bool:
+        with self.lock:
+            if self.finished:
+                return False
             self.finished = True
             self.sender.send(error_response(message, kind), flags=FINAL)
+            return True
+
+
+class _Slot(Slot):
+    """A Slot that the job's thread and the stub watch may both release."""
+
+    def __init__(self, admission: Admission) -> None:
+        super().__init__(admission)
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        with self._lock:
+            super().release()
 
 
 class DisaggBls:
@@ -139,6 +165,26 @@ class DisaggBls:
         # fewer in-flight sub-requests than the python backend's 32 pool threads (see admission.py)
         self.admission = Admission(int(params.get("max_inflight_requests") or DEFAULT_MAX_INFLIGHT),
                                    int(params.get("max_queued_requests") or DEFAULT_MAX_QUEUED))
+        # a dead role-model stub never answers: the watch fails every job at once (stub_watch.py)
+        self.jobs: dict[_Job, _Slot] = {}
+        self.jobs_lock = threading.Lock()
+        self.dead_message: str | None = None
+        self.watch = StubWatch.from_env(args["model_name"], args.get("model_instance_name", ""), self._on_death)
+
+    def _on_death(self, message: str) -> int:
+        """Fails every in-flight job with `message` (UNAVAILABLE) and frees its slot; returns how many."""
+        with self.jobs_lock:
+            self.dead_message = message
+            jobs = list(self.jobs.items())
+        failed = 0
+        for job, slot in jobs:
+            failed += job.fail(message, "unavailable")
+            slot.release()
+        return failed
+
+    def finalize(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
 
     def execute(self, requests):
         for request in requests:
@@ -165,9 +211,16 @@ class DisaggBls:
         except Exception as exc:  # missing required inputs
             request.get_response_sender().send(error_response(f"disagg_bls: bad request: {exc}"), flags=FINAL)
             return
-        slot = Slot(self.admission)
+        slot = _Slot(self.admission)
+        with self.jobs_lock:
+            dead, self.jobs[job] = self.dead_message, slot
         try:
+            if dead is not None:
+                job.fail(dead, "unavailable")
+                return
             slot.acquire()
+            if job.finished:   # failed by the stub watch while it waited for a slot
+                return
             if self.mode == "colocated":
                 self._colocated(job, slot)
             else:
@@ -182,6 +235,8 @@ class DisaggBls:
             job.fail(f"disagg_bls: {type(exc).__name__}: {exc}", "internal")
         finally:
             slot.release()
+            with self.jobs_lock:
+                self.jobs.pop(job, None)
 
     def _keep_perf(self, job: _Job, outputs: dict) -> None:
         """First report wins: prefill's own timings over decode's view of them."""
@@ -219,11 +274,10 @@ class DisaggBls:
                                       extra).exec(decoupled=True)
         for response in responses:
             slot.release()   # decode answered: the KV is pulled, the rest streams without a pool thread
-            if not job.finished and job.sender.is_cancelled():   # the client went away: stop decoding
+            if job.cancelled():   # the client went away: stop decoding
                 cancel = getattr(responses, "cancel", None)
                 if cancel is not None:
                     cancel()
-                job.finished = True
                 return
             outputs = _outputs(response)
             self._keep_perf(job, outputs)

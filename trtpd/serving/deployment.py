@@ -1,7 +1,9 @@
 """Named local deployments: render a repository, run tritonserver for it, remember it, stop it.
 
 State lives under $TRTPD_HOME (default ./.trtpd): deployments/<name>/ holds the rendered
-repository, its KV key, the server log and deployment.json (pid, ports, mode).
+repository, its KV key, the server log, deployment.json (pid and start time, ports, mode) and the
+stubs' registry and death record (stub_watch.py). A pid is signalled only while its start time is
+the one recorded at `up`; `up` first removes what a crashed deployment of the same name left behind.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from pathlib import Path
 
 from trtpd.errors import TrtpdError
 from trtpd.repo.reference import ReferenceDeployment, render_reference_repository
-from trtpd.serving.tritonserver import ServerPorts, ServerProcess, start_server, stop_server, wait_ready
+from trtpd.serving import stub_watch
+from trtpd.serving.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, stop_server,
+                                        wait_ready)
+
+DOWN_TIMEOUT_S = 15.0    # tritonserver's own exit timeout is 5 s (tritonserver.EXIT_TIMEOUT_S); then SIGKILL
 
 
 def trtpd_home() -> Path:
@@ -34,6 +40,29 @@ class Deployment:
     server: ServerProcess
     started_at: float
     build_root: str
+    note: str = ""      # what `down` has to say (e.g. the pid was not ours any more)
+
+    @property
+    def folder(self) -> Path:
+        return deployment_dir(self.name)
+
+    def death(self) -> dict | None:
+        """The record a stub wrote when a peer stub died (None: no death seen)."""
+        record = stub_watch.read_death(self.folder)
+        return record if record and record.get("server_pid") == self.server.pid else None
+
+    def state(self) -> tuple[str, str]:
+        """(ready | starting | failed | stopping | exited, reason)."""
+        death = self.death()
+        if death is not None:
+            return "failed", stub_watch.format_death(death)
+        if self.server.is_ready():
+            return "ready", ""
+        if self.server.is_alive():
+            return "starting", ""
+        if self.server.pid_reused():
+            return "exited", f"pid {self.server.pid} is no longer this deployment's tritonserver"
+        return "exited", f"tritonserver (pid {self.server.pid}) is not running; see {self.server.log_path}"
 
     def save(self) -> None:
         path = deployment_dir(self.name) / "deployment.json"
@@ -61,8 +90,10 @@ def up(name: str, spec: ReferenceDeployment, *, ports: ServerPorts | None = None
             if not replace:
                 raise TrtpdError(f"deployment {name!r} is already running (pid {existing.server.pid}); "
                                  f"`trtpd down --name {name}` first, or choose another --name")
-            stop_server(existing.server)
+            stop_server(existing.server, DOWN_TIMEOUT_S)
+        clean_leftovers(existing.server)
     folder.mkdir(parents=True, exist_ok=True)
+    stub_watch.clear_state(folder)
     repo = render_reference_repository(spec, folder / "repo", overwrite=True)
     server = start_server(repo, folder, ports=ports, log_path=folder / "tritonserver.log")
     dep = Deployment(name, spec.mode, server, time.time(), str(spec.build_root))
@@ -76,10 +107,26 @@ def up(name: str, spec: ReferenceDeployment, *, ports: ServerPorts | None = None
     return dep
 
 
-def down(name: str, timeout_s: float = 30.0) -> Deployment:
+def clean_leftovers(server: ServerProcess) -> None:
+    """What a server that is gone left: its stubs (by pid, those of its repository that started after it),
+    its /dev/shm files (unless a live server now uses its HTTP port, hence its shm prefix)."""
+    if server.is_alive():
+        return
+    left = stub_watch.kill_and_wait(stub_watch.leftover_stubs(server.repo, server.start_time))
+    if left:
+        raise TrtpdError(f"stubs {left} of the old tritonserver (pid {server.pid}) do not exit; stop them first")
+    if port_is_free(server.ports.http, server.host):
+        stub_watch.remove_shm(server.shm_prefix)
+
+
+def down(name: str, timeout_s: float = DOWN_TIMEOUT_S) -> Deployment:
     dep = Deployment.load(name)
-    stop_server(dep.server, timeout_s)
-    (deployment_dir(name) / "deployment.json").unlink(missing_ok=True)
+    if dep.server.pid_reused():
+        dep.note = f"pid {dep.server.pid} is no longer this deployment's tritonserver; nothing signalled"
+    stub_watch.mark_stopping(dep.folder)   # an orderly stop: the stubs' exits are not deaths
+    stop_server(dep.server, timeout_s)     # signals the pid only while it is still our server
+    clean_leftovers(dep.server)
+    (dep.folder / "deployment.json").unlink(missing_ok=True)
     return dep
 
 

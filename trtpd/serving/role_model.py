@@ -28,6 +28,7 @@ from trtpd.kv.auth import AUTH_PARAMETER, check_orchestrator_token
 from trtpd.serving.metrics import RoleMetrics
 from trtpd.serving.pb import error_response, input_getter, model_parameters, tensor
 from trtpd.serving.request_parsing import error_kind, parse_parameters, parse_request
+from trtpd.serving.stub_watch import StubWatch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ class RoleModel:
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name=f"{self.model_name}-watch", daemon=True)
         self._watcher.start()
+        # registers this stub; stops the deployment when a peer stub dies, exits when tritonserver does
+        self.stub_watch = StubWatch.from_env(self.model_name, args.get("model_instance_name", ""))
 
     # ---- requests in ----------------------------------------------------------------------
     def execute(self, requests):
@@ -172,6 +175,8 @@ class RoleModel:
                     pass
 
     def finalize(self) -> None:
+        if getattr(self, "stub_watch", None) is not None:
+            self.stub_watch.stop()   # an orderly exit, not a death
         self._stop.set()
         self._watcher.join(2.0)
         self.loop.stop()

@@ -5,13 +5,19 @@ and its in-flight requests never complete. So every trtpd python model registers
 (`<state_dir>/stubs/<model>-<pid>.json`: pid, start time, model, instance, server pid) and runs a
 `StubWatch` thread that polls every 0.25 s:
 - its parent is no longer the tritonserver it started under: the server is gone, the stub removes its
-  registry entry and the server's /dev/shm files and exits (stubs never outlive their server);
+  registry entry and the server's /dev/shm files and exits (stubs never outlive their server). A stub
+  whose threads wait forever on the dead server (holding the GIL) cannot run that check, so each stub
+  also has a guard process (`python -m trtpd.serving.stub_watch guard`, stdlib only) that SIGKILLs it
+  and cleans up when the server is gone, and exits when the stub does;
 - another registered stub of the same server is dead (its pid gone, or reused: start time differs): it
   writes `<state_dir>/deaths.json` (first writer wins), the orchestrator fails its in-flight requests at once
   (`on_death`), and the detecting stub sends SIGTERM to tritonserver so readiness goes false.
 A role stub leaves the first move to a live orchestrator for `GRACE_S`, so the record counts the failed
 requests. A stub deregisters in `stop()` (its model's finalize), and `<state_dir>/stopping` (written by
 `trtpd down`) silences detection, so an orderly shutdown is never reported as a death.
+The detecting stub also starts a small reaper (its own session, `python -m trtpd.serving.stub_watch`) that
+waits for the server to exit, then kills the stubs it left (by pid) and removes its /dev/shm files: the
+dead stub's KV pool and shared-memory region have no other owner.
 The state folder comes from TRTPD_STATE_DIR (start_server sets it); unset (e.g. the GPU container): no watch.
 """
 
@@ -196,6 +202,7 @@ class StubWatch:
         self._thread = threading.Thread(target=self._run, name=f"{model}-stub-watch", daemon=True)
         if start:
             self._thread.start()
+            spawn_guard(self.me, self.state_dir)
 
     @classmethod
     def from_env(cls, model: str, instance: str, on_death: Callable[[str], int] | None = None) -> "StubWatch | None":
@@ -242,6 +249,8 @@ class StubWatch:
         if write_private(self.state_dir / DEATHS_FILE, death_record(dead[0], self.me, failed, now), exclusive=True):
             log.error("%s; stopping tritonserver (pid %d)", message, self.me.server_pid)
             self.kill(self.me.server_pid, signal.SIGTERM)
+            if self.kill is os.kill:
+                spawn_reaper(self.me.server_pid)
 
 
 # ---- leftovers of a server that is gone (trtpd down, trtpd up after a crash) -----------------
@@ -276,3 +285,76 @@ def kill_and_wait(pids: list[int], timeout_s: float = 5.0) -> list[int]:
         time.sleep(0.05)
         left = [p for p in left if is_running(p, started[p])]
     return left
+
+
+# ---- the reaper: after a death, cleans up behind the stopping server -----------------------------
+REAP_TIMEOUT_S = 120.0
+
+
+def server_repo(pid: int) -> str:
+    for arg in cmdline(pid).split():
+        if arg.startswith("--model-repository="):
+            return arg.split("=", 1)[1]
+    return ""
+
+
+def spawn_reaper(server_pid: int) -> None:
+    import subprocess
+    python = _python()
+    if python is None or not server_repo(server_pid):
+        return
+    subprocess.Popen([python, "-m", "trtpd.serving.stub_watch", "reap", str(server_pid), str(start_time(server_pid)),
+                      server_repo(server_pid), os.environ.get(SHM_ENV, "")],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True)
+
+
+def reap(server_pid: int, server_start: int, repo: str, shm_prefix: str, timeout_s: float = REAP_TIMEOUT_S) -> None:
+    """Waits (bounded) for the server to exit, then removes what it left behind."""
+    deadline = time.monotonic() + timeout_s
+    while is_running(server_pid, server_start):
+        if time.monotonic() > deadline:
+            return          # still running: `trtpd down` will stop it and clean up
+        time.sleep(0.1)
+    kill_and_wait(leftover_stubs(repo, server_start))
+    remove_shm(shm_prefix)
+
+
+def _python() -> str | None:
+    import shutil
+    return shutil.which("python3") or shutil.which("python")   # the venv's: start_server puts it first on PATH
+
+
+def spawn_guard(me: StubEntry, state_dir: Path) -> None:
+    import subprocess
+    python = _python()
+    if python is None:
+        log.warning("no python3 on PATH: stub %s has no guard process", me.model)
+        return
+    subprocess.Popen([python, "-m", "trtpd.serving.stub_watch", "guard", str(me.pid), str(me.start_time),
+                      str(me.server_pid), str(start_time(me.server_pid)), str(state_dir)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+
+
+def guard(stub_pid: int, stub_start: int, server_pid: int, server_start: int, state_dir: str,
+          poll_s: float = POLL_S) -> None:
+    """Runs beside a stub: when its server is gone, SIGKILLs the stub and removes what it leaves."""
+    while is_running(stub_pid, stub_start):
+        if not is_running(server_pid, server_start):
+            kill_and_wait([stub_pid])
+            for path in (Path(state_dir) / "stubs").glob(f"*-{stub_pid}.json"):
+                path.unlink(missing_ok=True)
+            remove_shm(os.environ.get(SHM_ENV, ""))
+            return
+        time.sleep(poll_s)
+
+
+if __name__ == "__main__":
+    import sys
+    if len(sys.argv) == 6 and sys.argv[1] == "reap":
+        reap(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+    elif len(sys.argv) == 7 and sys.argv[1] == "guard":
+        guard(*(int(a) for a in sys.argv[2:6]), sys.argv[6])
+    else:
+        sys.exit("usage: python -m trtpd.serving.stub_watch reap SERVER_PID SERVER_START REPO SHM_PREFIX | "
+                 "guard STUB_PID STUB_START SERVER_PID SERVER_START STATE_DIR")

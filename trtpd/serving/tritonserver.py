@@ -27,6 +27,7 @@ from trtpd.errors import TrtpdError
 SHM_DIR = Path("/dev/shm")
 SHM_POOL_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 16 << 20
+EXIT_TIMEOUT_S = 5
 
 
 class ServerError(TrtpdError):
@@ -115,6 +116,7 @@ class ServerProcess:
     log_path: str
     shm_prefix: str
     admin_key_file: str = ""      # secret for Triton's restricted APIs (server_guard.admin_headers)
+    start_time: int = 0           # field 22 of /proc/<pid>/stat at start: a reused pid is not ours (0: unknown)
 
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
         from trtpd.serving.server_guard import admin_headers
@@ -140,16 +142,15 @@ class ServerProcess:
         return cls(**{**d, "ports": ServerPorts(**d["ports"])})
 
     def is_alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:  # a zombie child counts as gone
-            return Path(f"/proc/{self.pid}/stat").read_text().split()[2] != "Z"
-        except (FileNotFoundError, IndexError):
-            return False
+        """Our tritonserver still runs: the pid exists, is no zombie and started when ours did."""
+        from trtpd.serving.stub_watch import is_running
+        return is_running(self.pid, self.start_time or None)
+
+    def pid_reused(self) -> bool:
+        """The pid now belongs to another process (its start time differs from ours)."""
+        from trtpd.serving.stub_watch import start_time
+        now = start_time(self.pid)
+        return bool(self.start_time) and now is not None and now != self.start_time
 
     def is_ready(self, timeout_s: float = 1.0) -> bool:
         try:
@@ -192,7 +193,9 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
            # while several BLS requests are in flight crashes the python backend of this Triton release.
            f"--backend-config=python,shm-default-byte-size={SHM_POOL_BYTES}",
            f"--backend-config=python,shm-growth-byte-size={SHM_GROWTH_BYTES}",
-           "--metrics-config=summary_latencies=true", "--log-verbose=0", *(extra_args or [])]
+           "--metrics-config=summary_latencies=true", "--log-verbose=0",
+           # a stopping server waits this long for in-flight requests (a dead stub's never end), not 30 s
+           f"--exit-timeout-secs={EXIT_TIMEOUT_S}", *(extra_args or [])]
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.fchmod(log_fd, 0o600)
     with os.fdopen(log_fd, "ab") as log:
@@ -200,6 +203,7 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
         log.flush()
         env = server_env()
         env["TRTPD_SHM_PREFIX"] = shm_prefix   # KV pools in /dev/shm carry it, so stop_server cleans them up
+        env["TRTPD_STATE_DIR"] = str(state_dir.resolve())   # the stubs' registry and watch (stub_watch.py)
         # the admin secret goes in the environment, not on the command line that every user can read, and
         # the guard keeps the python backend's shared memory 0600 (server_guard.py)
         env = server_guard.hide(env, server_guard.admin_flags(admin_key), state_dir)
@@ -207,8 +211,9 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
         # anything else the server creates are 0600, so other local users cannot read them
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=state_dir, start_new_session=True, umask=0o077)
+    from trtpd.serving.stub_watch import start_time
     return ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix,
-                         str(admin_key_file))
+                         str(admin_key_file), start_time(proc.pid) or 0)
 
 
 def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
@@ -225,7 +230,10 @@ def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 
 
 
 def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
-    """SIGTERM, wait for exit (python stubs shut down cleanly), SIGKILL the group if it hangs."""
+    """SIGTERM, wait for exit (python stubs shut down cleanly), SIGKILL the group if it hangs; then SIGKILL
+    (by pid) any stub of its repository still there and remove its /dev/shm files. A pid that is no longer
+    this server (start time differs) is never signalled."""
+    from trtpd.serving.stub_watch import kill_and_wait, leftover_stubs
     if server.is_alive():
         try:
             os.kill(server.pid, signal.SIGTERM)
@@ -242,6 +250,7 @@ def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
                 pass
             _reap(server.pid)
     _reap(server.pid)
+    kill_and_wait(leftover_stubs(server.repo, server.start_time))
     for leftover in SHM_DIR.glob(f"{server.shm_prefix}*"):
         leftover.unlink(missing_ok=True)
 
