@@ -5,14 +5,16 @@ backend's thread pool), none expires, and every KV block returns."""
 import time
 
 from trtpd.bench.client import BenchRequest, run_stream
+from trtpd.bench.prompts import prompt_with_tokens
 
 NUM_REQUESTS = 400
 
 
-def test_400_requests_at_once_all_complete_and_kv_returns_to_baseline(fp16_disagg):
+def test_400_requests_at_once_all_complete_and_kv_returns_to_baseline(fp16_disagg, tokenizer):
+    """120-220-token prompts: together about twice what prefill's KV pool holds, so prefill sub-requests
+    must wait for blocks that only decode's pulls free (the shape of the original collapse)."""
     base_prefill, base_decode = fp16_disagg.kv_blocks("prefill"), fp16_disagg.kv_blocks("decode")
-    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly box jugs".split()
-    reqs = [BenchRequest(f"burst-{i}", " ".join(words[j % len(words)] for j in range(i, i + 5 + i % 40)), 6, 0.0)
+    reqs = [BenchRequest(f"burst-{i}", prompt_with_tokens(tokenizer, 120 + i % 101, seed=i), 6, 0.0)
             for i in range(NUM_REQUESTS)]
     started = time.perf_counter()
     results = run_stream(fp16_disagg.grpc_url, reqs, timeout_s=400.0)

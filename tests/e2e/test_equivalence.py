@@ -89,3 +89,53 @@ def test_fp8_kv_disaggregated_equals_colocated_and_stays_close_to_fp16(fp8_disag
     same = np.mean([a == b for rid in prompts for a, b in zip(disagg[rid].token_ids, colocated_grpc[rid])])
     print(f"fp8 vs fp16 KV: first-token agreement {first:.0%}, all-token agreement {same:.0%}")
     assert first >= 0.8
+
+
+def logits_of_all(server, prompt_ids: dict[str, list[int]], max_tokens: int) -> dict[str, tuple[list[int], bytes]]:
+    """Every prompt at once on one gRPC stream straight into the orchestrator, asking for each generated
+    token's logits (TensorRT-LLM's return_generation_logits); returns (tokens, raw fp32 logit bytes)."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    done: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: done.put((result, error)))
+    try:
+        for rid, ids in prompt_ids.items():
+            values = {"input_ids": np.array([ids], dtype=np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+                      "request_output_len": np.array([[max_tokens]], np.int32),
+                      "return_generation_logits": np.array([[True]], dtype=np.bool_)}
+            inputs = []
+            for name, value in values.items():
+                t = grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == np.bool_ else "INT32")
+                t.set_data_from_numpy(value)
+                inputs.append(t)
+            client.async_stream_infer("disagg_bls", inputs, request_id=rid, enable_empty_final_response=True)
+        out = {}
+        while len(out) < len(prompt_ids):
+            result, error = done.get(timeout=300)
+            assert error is None, error
+            if result.as_numpy("output_ids") is None:
+                continue
+            logits = result.as_numpy("generation_logits")
+            out[result.get_response().id] = ([int(t) for t in result.as_numpy("output_ids").reshape(-1)], logits)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    return out
+
+
+def test_generation_logits_are_bit_identical_disaggregated_and_colocated(fp16_disagg, fp16_coloc, prompts, tokenizer):
+    """The oracle a 1e-6 difference cannot hide: every generated token's full logits row, compared as raw
+    fp32 bytes, for all prompts batched together (prefill batches vs colocated steps, decode batches)."""
+    prompt_ids = {rid: tokenizer.encode(text) for rid, text in prompts.items()}
+    disagg = logits_of_all(fp16_disagg, prompt_ids, MAX_TOKENS)
+    coloc = logits_of_all(fp16_coloc, prompt_ids, MAX_TOKENS)
+    vocab = get_model("tiny-llama").vocab_size
+    for rid in prompt_ids:
+        tokens, logits = disagg[rid]
+        assert logits.shape == (1, 1, MAX_TOKENS, vocab) and logits.dtype == np.float32, rid
+        assert [int(t) for t in logits[0, 0].argmax(-1)] == tokens, rid    # greedy: each token is its row's argmax
+        assert tokens == coloc[rid][0], rid
+        assert logits.tobytes() == coloc[rid][1].tobytes(), (rid, float(np.abs(logits - coloc[rid][1]).max()))

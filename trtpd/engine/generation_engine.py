@@ -16,7 +16,7 @@ import torch
 
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
-from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, check_tokens
+from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, check_tokens, logits_rows
 from trtpd.engine.sampler import sample
 from trtpd.kv.pool import KvPool
 from trtpd.sched.block_allocator import BlockAllocator
@@ -154,7 +154,10 @@ class GenerationEngine:
             token = sample(result, req.sampling, chunk.end_pos, req.banned_tokens(seq.output_token_ids))
         except Exception as exc:
             return self.fail(seq, f"request {seq.request_id}: sampling failed: {type(exc).__name__}: {exc}")
-        return self._emit_token(seq, token)
+        out = self._emit_token(seq, token)
+        if req.return_generation_logits:
+            out.generation_logits = logits_rows(result)
+        return out
 
     def _step_rows(self, rows: list[tuple[Sequence, SeqChunk]], stage: str) -> list[EngineOutput]:
         results = self._forward_rows([c for _, c in rows])

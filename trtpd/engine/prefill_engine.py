@@ -18,7 +18,8 @@ import torch
 
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
-from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType, check_tokens
+from trtpd.engine.request import (EngineOutput, EngineRequest, RequestError, RequestType, check_tokens,
+                                  logits_rows)
 from trtpd.engine.sampler import sample
 from trtpd.kv.errors import KvExportNotFoundError
 from trtpd.kv.pool import KvPool
@@ -192,7 +193,8 @@ class PrefillEngine:
         return EngineOutput(
             req.request_id, new_token_ids=[token], sequence_length=len(req.prompt_token_ids) + 1,
             finished=True, finish_reason="stop" if stop else "length" if req.max_new_tokens <= 1 else None,
-            context_phase_params=handle, perf={"prefill_queue_s": started - req.arrival_s, **perf})
+            context_phase_params=handle, perf={"prefill_queue_s": started - req.arrival_s, **perf},
+            generation_logits=logits_rows(result) if req.return_generation_logits else None)
 
     def stats(self) -> dict[str, float]:
         return {"free_blocks": self.allocator.num_free_blocks, "used_blocks": self.allocator.num_used_blocks,

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trtpd.engine.sampler import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 class RequestType(str, enum.Enum):
@@ -41,6 +46,7 @@ class EngineRequest:
     stop_words: list[list[int]] = field(default_factory=list)   # finish when the output ends with one
     bad_words: list[list[int]] = field(default_factory=list)    # never complete one of these
     min_tokens: int = 0                                          # end_id is not sampled before this many
+    return_generation_logits: bool = False                       # each sampled token's logits row comes back
 
     def banned_tokens(self, generated: list[int]) -> set[int]:
         """Tokens the next sample must not pick: the last token of each bad word whose other tokens end
@@ -70,6 +76,12 @@ class EngineOutput:
     error_kind: str = "internal"
     context_phase_params: bytes | None = None
     perf: dict[str, float] = field(default_factory=dict)   # TTFT breakdown, seconds
+    generation_logits: "np.ndarray | None" = None        # [len(new_token_ids), vocab] float32, when asked
+
+
+def logits_rows(logits: torch.Tensor) -> np.ndarray:
+    """One sampled row's logits as TensorRT-LLM returns generation logits: [1, vocab] float32, a copy."""
+    return logits.detach().float().reshape(1, -1).numpy().copy()
 
 
 def check_tokens(request: EngineRequest, vocab_size: int) -> None:

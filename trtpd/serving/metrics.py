@@ -19,11 +19,21 @@ class RoleMetrics:
                                          description="TRT LLM request metrics", kind=gauge)
         disagg = pb_utils.MetricFamily(name="nv_trt_llm_disaggregated_serving_metrics",
                                        description="TRT LLM disaggregated serving metrics", kind=counter)
-        self.families = (blocks, requests, disagg)   # keep alive: metrics die with their family
+        invariance = pb_utils.MetricFamily(
+            name="trtpd_batch_invariance_verified_rows",
+            description="Largest forward pass (rows) for which batch invariance was verified at load; "
+                        "the engine refuses to load when the check fails", kind=gauge)
+        self.families = (blocks, requests, disagg, invariance)   # keep alive: metrics die with their family
         self.blocks = {k: blocks.Metric(labels={**base, "kv_cache_block_type": k}) for k in BLOCK_KINDS}
         self.requests = {k: requests.Metric(labels={**base, "request_type": k}) for k in REQUEST_KINDS}
         self.transfer_ms = disagg.Metric(labels={**base, "disaggregated_serving_type": "kv_cache_transfer_ms"})
         self.transfer_count = disagg.Metric(labels={**base, "disaggregated_serving_type": "request_count"})
+        self._invariance_family = invariance
+        self._base = base
+
+    def set_batch_invariance(self, max_rows: int, tile_rows: int) -> None:
+        self.invariance = self._invariance_family.Metric(labels={**self._base, "tile_rows": str(tile_rows)})
+        self.invariance.set(max_rows)
 
     def update(self, stats: dict, max_batch_size: int) -> None:
         max_blocks = stats["max_blocks"]
