@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import time
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -32,7 +31,8 @@ from trtpd.serving.stub_watch import StubWatch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temperature",
-             "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list", "bad_words_list")
+             "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list", "bad_words_list",
+             "return_generation_logits")
 ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params"]
 DEFAULT_MAX_INFLIGHT = 24
 DEFAULT_MAX_QUEUED = 1000
@@ -49,11 +49,6 @@ def _outputs(response) -> dict[str, np.ndarray]:
     if response.has_error():
         raise BlsError(response.error().message(), kind_of(response.error()))   # the role model's own code
     return {t.name(): t.as_numpy() for t in response.output_tensors()}
-
-
-def _auth_key(key_file: str) -> bytes | None:
-    from trtpd.kv.handle import load_or_create_key_file
-    return load_or_create_key_file(key_file) if key_file else None
 
 
 def _auth_key(key_file: str) -> bytes | None:
@@ -88,6 +83,13 @@ class _Job:
         self.perf: dict[str, np.ndarray] = {}
         self.finished = False
         self.lock = threading.Lock()   # one FINAL per job: its thread and the stub watch both may end it
+        wants = self.inputs.get("return_generation_logits")
+        self.wants_logits = bool(wants is not None and wants.reshape(-1)[0])
+        self.logits: list[np.ndarray] = []   # [1, 1, n, vocab] pieces, sent with the final response
+
+    def keep(self, outputs: dict) -> None:
+        if self.wants_logits and outputs.get("generation_logits") is not None:
+            self.logits.append(outputs["generation_logits"])
 
     def is_last(self, token: int) -> bool:
         return (len(self.tokens) >= self.max_tokens or (self.end_id is not None and token == self.end_id)
@@ -120,6 +122,8 @@ class _Job:
                    tensor("sequence_length", np.array([[self.prompt_len + len(self.tokens)]], dtype=np.int32))]
         if final:
             tensors += [tensor(n, v) for n, v in self.perf.items()]
+            if self.logits:
+                tensors.append(tensor("generation_logits", np.concatenate(self.logits, axis=2)))
         self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
     def fail(self, message: str, kind: str = "invalid_arg") -> bool:
@@ -151,7 +155,6 @@ class DisaggBls:
         self.generation_model = params.get("generation_model_name", "decode")
         self.colocated_model = params.get("colocated_model_name", "colocated")
         self.kv_transfer = params.get("kv_transfer", "after_prefill")
-        self.auth_key = _auth_key(params.get("kv_key_file", ""))   # None: role models that check nothing (GPU)
         self.auth_key = _auth_key(params.get("kv_key_file", ""))   # None: role models that check nothing (GPU)
         # TensorRT-LLM role models have no perf outputs; ask only for what the role models declare
         extra = [n for n in params.get("perf_outputs", "").split(",") if n]
@@ -196,14 +199,11 @@ class DisaggBls:
             from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
             params = {**params, AUTH_PARAMETER: orchestrator_token(
                 self.auth_key, params.get("request_type", ""), job.inputs.get("input_ids"), time.time())}
-        if self.auth_key is not None:   # proves to the role model that the orchestrator sent it (kv/auth.py)
-            from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
-            params = {**params, AUTH_PARAMETER: orchestrator_token(
-                self.auth_key, params.get("request_type", ""), job.inputs.get("input_ids"), time.time())}
         inputs = [tensor(name, value) for name, value in job.inputs.items()]
         inputs += [tensor("streaming", np.array([[True]], dtype=np.bool_))] + extra
+        wanted = self.requested_outputs + (["generation_logits"] if job.wants_logits else [])
         return pb_utils.InferenceRequest(model_name=model, inputs=inputs, parameters=params,
-                                         requested_output_names=self.requested_outputs)
+                                         requested_output_names=wanted)
 
     def _serve(self, request) -> None:
         try:
@@ -249,16 +249,18 @@ class DisaggBls:
             slot.release()   # prefilled: the rest streams without holding a pool thread
             outputs = _outputs(response)
             self._keep_perf(job, outputs)
+            job.keep(outputs)
             job.send_tokens(_tokens(outputs))
 
     def _disaggregated(self, job: _Job, slot: Slot) -> None:
         params = {"request_type": "context_only"}
-        if self.kv_transfer == "layerwise":
+        if self.kv_transfer == "layerwise" and not job.wants_logits:   # the first token's logits come from prefill
             params["layerwise_kv_transfer"] = True
         handle, first_token = None, None
         for response in self._sub_request(job, self.context_model, params, []).exec(decoupled=True):
             outputs = _outputs(response)
             self._keep_perf(job, outputs)
+            job.keep(outputs)
             handle = outputs.get("context_phase_params", handle)
             tokens = _tokens(outputs)
             if tokens and first_token is None:
@@ -281,6 +283,7 @@ class DisaggBls:
                 return
             outputs = _outputs(response)
             self._keep_perf(job, outputs)
+            job.keep(outputs)
             tokens = _tokens(outputs)
             if tokens and skip_first:
                 skip_first = False

@@ -43,6 +43,7 @@ class _Active:
     tokens: list[int] = field(default_factory=list)
     perf: dict[str, float] = field(default_factory=dict)
     handle: bytes | None = None
+    logits: list[np.ndarray] = field(default_factory=list)
 
 
 def perf_tensors(perf: dict[str, float]) -> list:
@@ -73,6 +74,7 @@ class RoleModel:
         # response factory and crashes), and senders are not safe to use from two threads at once.
         self.lock = threading.Lock()
         self.metrics = RoleMetrics(self.model_name, args.get("model_version", "1"))
+        self.metrics.set_batch_invariance(self.loaded.invariance.max_rows, self.loaded.invariance.tile_rows)
         # Responses go out on their own thread: a python-backend send is a blocking IPC round trip, and
         # the engine thread should be computing the next step meanwhile (TensorRT-LLM's backend does the same).
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -139,21 +141,27 @@ class RoleModel:
         active.handle = out.context_phase_params or active.handle
         if active.streaming:
             if out.new_token_ids or out.context_phase_params or out.finished:
+                logits = [] if out.generation_logits is None else [out.generation_logits]
                 active.sender.send(self._response(out.new_token_ids, out.sequence_length,
-                                                  out.context_phase_params, out.perf),
+                                                  out.context_phase_params, out.perf, logits),
                                    flags=FINAL if out.finished else 0)
             return
         active.tokens.extend(out.new_token_ids)
+        if out.generation_logits is not None:
+            active.logits.append(out.generation_logits)
         if out.finished:
-            active.sender.send(self._response(active.tokens, out.sequence_length, active.handle, active.perf),
-                               flags=FINAL)
+            active.sender.send(self._response(active.tokens, out.sequence_length, active.handle, active.perf,
+                                              active.logits), flags=FINAL)
 
-    def _response(self, tokens: list[int], sequence_length: int, handle: bytes | None, perf: dict):
+    def _response(self, tokens: list[int], sequence_length: int, handle: bytes | None, perf: dict,
+                  logits: list[np.ndarray]):
         tensors = [tensor("output_ids", np.array([[tokens]], dtype=np.int32).reshape(1, 1, len(tokens))),
                    tensor("sequence_length", np.array([[sequence_length]], dtype=np.int32))]
         if handle:
             tensors.append(tensor("context_phase_params", np.frombuffer(handle, dtype=np.uint8).reshape(1, -1)))
         tensors += perf_tensors(perf)
+        if logits:   # TensorRT-LLM's layout: [batch 1, beam 1, tokens, vocab]
+            tensors.append(tensor("generation_logits", np.concatenate(logits)[None, None]))
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     # ---- cancellation and metrics ---------------------------------------------------------
