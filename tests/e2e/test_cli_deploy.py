@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,9 @@ def test_up_status_bench_down(tmp_path, fp16_root):
         assert again.returncode == 2 and "already running" in again.stderr
         status = trtpd("status", env=env)
         assert "cli" in status.stdout and "ready" in status.stdout and "prefill 0/1024" in status.stdout
+        one = trtpd("status", "--name", "cli", "--json", env=env)
+        rows = json.loads(one.stdout)
+        assert [(r["name"], r["state"], r["death"]) for r in rows] == [("cli", "ready", None)], one.stdout
         trace = tmp_path / "trace.csv"
         bench = trtpd("bench", "--name", "cli", "--num-requests", "6", "--rate", "4", "--trace", str(trace), env=env)
         assert bench.returncode == 0, bench.stdout + bench.stderr
