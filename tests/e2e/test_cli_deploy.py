@@ -30,6 +30,10 @@ def test_up_status_bench_down(tmp_path, fp16_root):
         one = trtpd("status", "--name", "cli", "--json", env=env)
         rows = json.loads(one.stdout)
         assert [(r["name"], r["state"], r["death"]) for r in rows] == [("cli", "ready", None)], one.stdout
+        # each role's engine verified batch invariance at load up to its max_num_tokens (metric, then status)
+        assert rows[0]["batch_invariance_rows"] == {"prefill": 4096, "decode": 32}, one.stdout
+        assert "batch invariance verified at load for forward passes up to decode 32 rows, prefill 4096 rows" \
+            in status.stdout
         trace = tmp_path / "trace.csv"
         bench = trtpd("bench", "--name", "cli", "--num-requests", "6", "--rate", "4", "--trace", str(trace), env=env)
         assert bench.returncode == 0, bench.stdout + bench.stderr

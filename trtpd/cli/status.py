@@ -8,20 +8,31 @@ import time
 import urllib.request
 
 
-def kv_usage(metrics_url: str) -> dict[str, str]:
-    """model -> 'used/max blocks' from nv_trt_llm_kv_cache_block_metrics."""
+def _metric_lines(metrics_url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of metric `name` on a Triton metrics endpoint."""
     try:
         text = urllib.request.urlopen(metrics_url, timeout=2).read().decode()
     except OSError:
-        return {}
-    values: dict[tuple[str, str], float] = {}
+        return []
+    samples = []
     for line in text.splitlines():
-        if line.startswith("nv_trt_llm_kv_cache_block_metrics{"):
+        if line.startswith(name + "{"):
             labels, value = line[line.index("{") + 1:line.index("}")], float(line.rsplit(" ", 1)[1])
-            fields = dict(part.split("=", 1) for part in labels.split(","))
-            values[(fields["model"].strip('"'), fields["kv_cache_block_type"].strip('"'))] = value
+            samples.append(({k: v.strip('"') for k, v in (p.split("=", 1) for p in labels.split(","))}, value))
+    return samples
+
+
+def kv_usage(metrics_url: str) -> dict[str, str]:
+    """model -> 'used/max blocks' from nv_trt_llm_kv_cache_block_metrics."""
+    values = {(f["model"], f["kv_cache_block_type"]): v
+              for f, v in _metric_lines(metrics_url, "nv_trt_llm_kv_cache_block_metrics")}
     models = sorted({m for m, _ in values})
     return {m: f"{values.get((m, 'used'), 0):.0f}/{values.get((m, 'max'), 0):.0f}" for m in models}
+
+
+def batch_invariance(metrics_url: str) -> dict[str, int]:
+    """model -> the largest forward pass (rows) whose batch invariance its engine verified at load."""
+    return {f["model"]: int(v) for f, v in _metric_lines(metrics_url, "trtpd_batch_invariance_verified_rows")}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append({"name": dep.name, "mode": dep.mode, "pid": s.pid, "state": state, "reason": reason,
                      "http": s.http_url, "grpc": s.grpc_url, "metrics": s.metrics_url,
                      "kv_blocks": kv_usage(s.metrics_url) if state == "ready" else {},
+                     "batch_invariance_rows": batch_invariance(s.metrics_url) if state == "ready" else {},
                      "death": dep.death(), "up_s": round(time.time() - dep.started_at)})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -60,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
                       ", ".join(f"{m} {u}" for m, u in r["kv_blocks"].items()) or "-", f"{r['up_s']} s")
     Console().print(table)
     for r in rows:
+        if r["batch_invariance_rows"]:
+            print(f"{r['name']}: batch invariance verified at load for forward passes up to "
+                  + ", ".join(f"{m} {n} rows" for m, n in sorted(r["batch_invariance_rows"].items())))
         if r["reason"]:
             print(f"{r['name']}: {r['state']}: {r['reason']}")
             if r["state"] == "failed":
