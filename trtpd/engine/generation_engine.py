@@ -7,7 +7,6 @@ engine pulls their KV from a prefill instance, the colocated engine prefills the
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,13 +15,13 @@ import torch
 
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
-from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, check_tokens, logits_rows
+from trtpd.engine.request import (EngineOutput, EngineRequest, RequestError, check_tokens,
+                                  forward_each_on_failure, logits_rows)
 from trtpd.engine.sampler import sample
 from trtpd.kv.pool import KvPool
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler, SchedSequence
 
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -126,24 +125,7 @@ class GenerationEngine:
         return rows
 
     def _forward_rows(self, chunks: list[SeqChunk]) -> list:
-        """Each chunk's logits row, or the exception its forward pass raised. A failed batch is rerun chunk by
-        chunk (rows do not depend on their batch, see model.py), so only the culprit fails; rewriting the
-        KV of the others puts the same values in the same slots."""
-        try:
-            logits = self._run(chunks)
-            return [logits[i] for i in range(len(chunks))]
-        except Exception as exc:
-            if len(chunks) == 1:
-                return [exc]
-            log.warning("a forward pass of %d sequences failed (%s: %s); rerunning them one by one",
-                        len(chunks), type(exc).__name__, exc)
-        results = []
-        for chunk in chunks:
-            try:
-                results.append(self._run([chunk])[0])
-            except Exception as exc:
-                results.append(exc)
-        return results
+        return forward_each_on_failure(self._run, chunks, "sequences")
 
     def _emit_row(self, seq: Sequence, chunk: SeqChunk, result, stage: str) -> EngineOutput:
         """Samples and emits one row's token; a failure of its forward pass or its sampling fails it alone."""

@@ -9,7 +9,6 @@ until decode has pulled them or the transfer times out.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,14 +18,13 @@ import torch
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
 from trtpd.engine.request import (EngineOutput, EngineRequest, RequestError, RequestType, check_tokens,
-                                  logits_rows)
+                                  forward_each_on_failure, logits_rows)
 from trtpd.engine.sampler import sample
 from trtpd.kv.errors import KvExportNotFoundError
 from trtpd.kv.pool import KvPool
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.prefill import PrefillRequest, PrefillScheduler, PrefillSchedulerConfig
 
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,25 +145,7 @@ class PrefillEngine:
                                       on_layer_done=lambda layer: self.exporter.mark_layers_ready(ids, layer))
 
     def _forward(self, items: list[_Pending]) -> list:
-        """Each request's logits row, or the exception its forward pass raised. A failed batch is rerun
-        request by request (rows do not depend on their batch), so only the culprit fails."""
-        if not items:
-            return []
-        try:
-            logits = self._run(items)
-            return [logits[i] for i in range(len(items))]
-        except Exception as exc:
-            if len(items) == 1:
-                return [exc]
-            log.warning("a prefill batch of %d requests failed (%s: %s); rerunning them one by one",
-                        len(items), type(exc).__name__, exc)
-        results = []
-        for item in items:
-            try:
-                results.append(self._run([item])[0])
-            except Exception as exc:
-                results.append(exc)
-        return results
+        return forward_each_on_failure(self._run, items, "prefill requests")
 
     def _error(self, item: _Pending, message: str, kind: str = "internal") -> EngineOutput:
         """Fails one request: its export (if any) is failed, so decode hears the cause and its blocks return."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -11,6 +13,8 @@ from trtpd.engine.sampler import SamplingParams
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+log = logging.getLogger(__name__)
 
 
 class RequestType(str, enum.Enum):
@@ -77,6 +81,29 @@ class EngineOutput:
     context_phase_params: bytes | None = None
     perf: dict[str, float] = field(default_factory=dict)   # TTFT breakdown, seconds
     generation_logits: "np.ndarray | None" = None        # [len(new_token_ids), vocab] float32, when asked
+
+
+def forward_each_on_failure(run: "Callable[[list], torch.Tensor]", items: list, what: str) -> list:
+    """Each item's logits row, or the exception its forward pass raised. A failed batch is rerun item by
+    item (rows do not depend on their batch, see row_tiles.py), so only the culprit fails; rewriting the
+    KV of the others puts the same values in the same slots."""
+    if not items:
+        return []
+    try:
+        logits = run(items)
+        return [logits[i] for i in range(len(items))]
+    except Exception as exc:
+        if len(items) == 1:
+            return [exc]
+        log.warning("a forward pass of %d %s failed (%s: %s); rerunning them one by one",
+                    len(items), what, type(exc).__name__, exc)
+    results = []
+    for item in items:
+        try:
+            results.append(run([item])[0])
+        except Exception as exc:
+            results.append(exc)
+    return results
 
 
 def logits_rows(logits: torch.Tensor) -> np.ndarray:
