@@ -26,7 +26,6 @@ from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.prefill import PrefillRequest, PrefillScheduler, PrefillSchedulerConfig
 
 
-
 @dataclass
 class _Pending:
     request: EngineRequest
