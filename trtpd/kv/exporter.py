@@ -35,7 +35,8 @@ CLOSE_GRACE_S = 1.0              # close() lets sessions send their ERROR this l
 
 class KvExporter:
     def __init__(self, pool: KvPool, key: bytes, transport: str = "shm", host: str = "127.0.0.1", port: int = 0,
-                 transfer_timeout_s: float = 30.0, wakeup: Callable[[], None] | None = None) -> None:
+                 transfer_timeout_s: float = 30.0, wakeup: Callable[[], None] | None = None,
+                 advertise_host: str = "") -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(f"KV transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
         if transport == "shm" and pool.shm_name is None:
@@ -59,7 +60,8 @@ class KvExporter:
         self._layer_stride_bytes = layer_stride_bytes(pool.layout, pool.num_blocks)
         self._table = ExportTable(pool.layout.num_layers, on_release=wakeup)
         self._listener = socket.create_server((host, port))
-        self._endpoint = KvEndpoint(transport, host, self._listener.getsockname()[1], pool.shm_name)
+        # handles name `advertise_host` (where decode reaches us) when the bind address is not that
+        self._endpoint = KvEndpoint(transport, advertise_host or host, self._listener.getsockname()[1], pool.shm_name)
         self._shm_identity = ShmPoolIdentity.of(pool.shm_name, pool.num_blocks) if transport == "shm" else None
         self._sessions: dict[socket.socket, threading.Thread] = {}
         self._sessions_lock = threading.Lock()

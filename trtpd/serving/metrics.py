@@ -10,8 +10,9 @@ REQUEST_KINDS = ("active", "waiting", "max", "completed")
 
 
 class RoleMetrics:
-    def __init__(self, model: str, version: str = "1") -> None:
-        base = {"model": model, "version": version}
+    def __init__(self, model: str, version: str = "1", instance: str = "", role: str = "") -> None:
+        # `instance` and `role` keep two instance servers' series apart (one server: instance = model name)
+        base = {"model": model, "version": version, "instance": instance or model, "role": role or model}
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         blocks = pb_utils.MetricFamily(name="nv_trt_llm_kv_cache_block_metrics",
                                        description="TRT LLM KV cache block metrics", kind=gauge)

@@ -61,7 +61,9 @@ class RoleModel:
         self.role = Role(params["role"])
         kv = KvTransferOptions(transport=params.get("kv_transport", "shm"),
                                key_file=Path(params["kv_key_file"]) if params.get("kv_key_file") else None,
-                               timeout_ms=int(params.get("kv_transfer_timeout_ms") or 30000))
+                               timeout_ms=int(params.get("kv_transfer_timeout_ms") or 30000),
+                               host=params.get("kv_host") or "127.0.0.1", port=int(params.get("kv_port") or 0),
+                               advertise_host=params.get("kv_advertise_host") or "")
         if kv.key_file is None:
             raise TrtpdError(f"{self.model_name}: parameter kv_key_file is required: requests are accepted only "
                              f"with the orchestrator's proof made with that key (trtpd/kv/auth.py)")
@@ -73,7 +75,8 @@ class RoleModel:
         # is_cancelled() after its FINAL response went out (tritonserver dereferences the freed
         # response factory and crashes), and senders are not safe to use from two threads at once.
         self.lock = threading.Lock()
-        self.metrics = RoleMetrics(self.model_name, args.get("model_version", "1"))
+        self.metrics = RoleMetrics(self.model_name, args.get("model_version", "1"),
+                                   params.get("instance_name") or self.model_name, self.role.value)
         self.metrics.set_batch_invariance(self.loaded.invariance.max_rows, self.loaded.invariance.tile_rows)
         # Responses go out on their own thread: a python-backend send is a blocking IPC round trip, and
         # the engine thread should be computing the next step meanwhile (TensorRT-LLM's backend does the same).

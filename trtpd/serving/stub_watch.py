@@ -338,7 +338,9 @@ def spawn_guard(me: StubEntry, state_dir: Path) -> None:
 
 def guard(stub_pid: int, stub_start: int, server_pid: int, server_start: int, state_dir: str,
           poll_s: float = POLL_S) -> None:
-    """Runs beside a stub: when its server is gone, SIGKILLs the stub and removes what it leaves."""
+    """Runs beside a stub: when its server is gone, SIGKILLs the stub and removes what it leaves; when the
+    stub dies first, reports it if no other stub can (lone_death) and cleans up behind the server."""
+    repo = server_repo(server_pid)
     while is_running(stub_pid, stub_start):
         if not is_running(server_pid, server_start):
             kill_and_wait([stub_pid])
@@ -347,6 +349,29 @@ def guard(stub_pid: int, stub_start: int, server_pid: int, server_start: int, st
             remove_shm(os.environ.get(SHM_ENV, ""))
             return
         time.sleep(poll_s)
+    if lone_death(stub_pid, server_pid, server_start, Path(state_dir)) and repo:
+        reap(server_pid, server_start, repo, os.environ.get(SHM_ENV, ""))
+
+
+def lone_death(stub_pid: int, server_pid: int, server_start: int, state_dir: Path,
+               kill: Callable[[int, int], None] = os.kill) -> bool:
+    """The stub exited without deregistering (killed, crashed) and no other live stub of its server can see
+    it (a one-model instance server): writes the death record and SIGTERMs the server, so it exits and its
+    readiness and ports go away, like a pod whose container died. Where a peer stub lives (the single-server
+    repository) it acts instead (the orchestrator first). Returns whether this call reported the death."""
+    if not is_running(server_pid, server_start) or (state_dir / STOPPING_FILE).exists():
+        return False
+    entries = read_registry(state_dir)
+    mine = [e for e in entries if e.pid == stub_pid and e.server_pid == server_pid]
+    if not mine:
+        return False                      # deregistered at finalize: an orderly exit
+    if any(e.server_pid == server_pid and e.pid != stub_pid and is_running(e.pid, e.start_time) for e in entries):
+        return False
+    me = StubEntry(os.getpid(), start_time(os.getpid()) or 0, f"guard of {mine[0].model}", mine[0].instance, server_pid)
+    if not write_private(state_dir / DEATHS_FILE, death_record(mine[0], me, None, time.time()), exclusive=True):
+        return False
+    kill(server_pid, signal.SIGTERM)
+    return True
 
 
 if __name__ == "__main__":

@@ -168,8 +168,10 @@ def log_tail(path: str | Path, num_lines: int = 30) -> str:
 
 
 def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports: ServerPorts | None = None,
-                 log_path: Path | None = None, extra_args: list[str] | None = None) -> ServerProcess:
-    """Starts tritonserver in the background (its own session) and returns without waiting."""
+                 log_path: Path | None = None, extra_args: list[str] | None = None,
+                 cpus: list[int] | None = None) -> ServerProcess:
+    """Starts tritonserver in the background (its own session) and returns without waiting. `cpus`: the
+    cores it may run on (sched_setaffinity before exec, so its python stubs inherit them)."""
     from trtpd.kv.handle import load_or_create_key_file
     from trtpd.serving import server_guard
     state_dir = Path(state_dir)
@@ -210,10 +212,16 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
         # umask 077: the python backend's shared-memory regions (prompts, handles), the stubs' files and
         # anything else the server creates are 0600, so other local users cannot read them
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, cwd=state_dir, start_new_session=True, umask=0o077)
+                                env=env, cwd=state_dir, start_new_session=True, umask=0o077,
+                                preexec_fn=_pin(cpus) if cpus else None)
     from trtpd.serving.stub_watch import start_time
     return ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix,
                          str(admin_key_file), start_time(proc.pid) or 0)
+
+
+def _pin(cpus: list[int]):
+    cores = set(cpus)
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:

@@ -1,0 +1,196 @@
+"""Start, stop and inspect a fleet: one tritonserver per prefill, decode or colocated instance.
+
+Decode instances start (and become ready) before prefill instances (seed 000 §4.5: a prefill handle is
+useless until a decode instance can pull it). fleet.json is written after every start, so whatever a
+crash mid-way leaves is named there and `trtpd down` can stop it; a failed start stops (by pid) every
+instance this call started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Protocol
+
+from trtpd.engine.engine_config import EngineConfig, Role
+from trtpd.errors import ConfigError, TrtpdError
+from trtpd.fleet import records
+from trtpd.fleet.instance import InstancePlan, assign_cpus, instance_folder, pick_port, pick_ports, start_instance
+from trtpd.fleet.records import FleetRecord, InstanceRecord
+from trtpd.repo.reference import KEY_FILE, ReferenceDeployment, check_pair
+from trtpd.serving import deployment, stub_watch
+from trtpd.serving.tritonserver import stop_server, wait_ready
+
+DOWN_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
+
+
+class Starter(Protocol):
+    """How instances are started and stopped (local processes here; tests pass a fake)."""
+
+    def start(self, fleet: FleetRecord, plan: InstancePlan) -> InstanceRecord: ...
+    def wait_ready(self, inst: InstanceRecord, timeout_s: float) -> None: ...
+    def stop(self, inst: InstanceRecord) -> None: ...
+
+
+class LocalStarter:
+    def __init__(self, spec: ReferenceDeployment) -> None:
+        self.spec = spec
+
+    def start(self, fleet: FleetRecord, plan: InstancePlan) -> InstanceRecord:
+        return start_instance(self.spec, fleet, plan)
+
+    def wait_ready(self, inst: InstanceRecord, timeout_s: float) -> None:
+        try:
+            wait_ready(inst.server, timeout_s)
+        except TrtpdError as exc:
+            raise TrtpdError(f"instance {inst.name} ({inst.role}): {exc}") from None
+
+    def stop(self, inst: InstanceRecord) -> None:
+        stop_server(inst.server, DOWN_TIMEOUT_S)
+
+
+def fleet_mode(prefill: int, decode: int, colocated: int) -> str:
+    if colocated and (prefill or decode):
+        raise ConfigError("a fleet is either disaggregated (prefill and decode instances) or colocated; "
+                          f"got {prefill} prefill, {decode} decode and {colocated} colocated")
+    if colocated > 0:
+        return "colocated"
+    if prefill < 1 or decode < 1:
+        raise ConfigError(f"a disaggregated fleet needs at least 1 prefill and 1 decode instance "
+                          f"(got {prefill} prefill, {decode} decode)")
+    return "disaggregated"
+
+
+def plan_waves(prefill: int, decode: int, colocated: int, cpus: list[int] | None = None) -> list[list[InstancePlan]]:
+    """The start order in waves: decode instances, then prefill (or the colocated ones); ports and cores
+    chosen up front so no two instances get the same."""
+    fleet_mode(prefill, decode, colocated)
+    roles = [("decode", decode), ("prefill", prefill)] if not colocated else [("colocated", colocated)]
+    cores = iter(assign_cpus(prefill + decode + colocated, cpus))
+    used: set[int] = set()
+    waves = []
+    for role, count in roles:
+        waves.append([InstancePlan(f"{role}-{i}", role, next(cores), pick_ports(used),
+                                   pick_port(used) if role == "prefill" else 0) for i in range(count)])
+    return [w for w in waves if w]
+
+
+def fleet_up(name: str, spec: ReferenceDeployment, *, prefill: int = 0, decode: int = 0, colocated: int = 0,
+             timeout_s: float = 240.0, replace: bool = False, starter: Starter | None = None,
+             cpus: list[int] | None = None) -> FleetRecord:
+    """Starts the fleet `name` and returns once every instance is ready."""
+    mode = fleet_mode(prefill, decode, colocated)
+    _check_name_free(name, replace)
+    first = spec.engine(Role.COLOCATED if mode == "colocated" else Role.PREFILL)
+    if mode == "disaggregated":
+        problems = check_pair(spec.engine(Role.PREFILL), spec.engine(Role.DECODE))
+        if problems:
+            raise ConfigError("prefill and decode engines are not compatible:\n  " + "\n  ".join(problems))
+    folder = deployment.deployment_dir(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    from trtpd.kv.handle import load_or_create_key_file
+    key_file = folder / KEY_FILE
+    load_or_create_key_file(key_file)
+    fleet = FleetRecord(name, mode, str(spec.build_root), str(key_file),
+                        str(EngineConfig.load(first).checkpoint_path(first)))
+    fleet.save()
+    starter = starter or LocalStarter(spec)
+    try:
+        for wave in plan_waves(prefill, decode, colocated, cpus):
+            started = []
+            for plan in wave:
+                started.append(starter.start(fleet, plan))
+                fleet.instances.append(started[-1])
+                fleet.save()
+            for inst in started:
+                starter.wait_ready(inst, timeout_s)
+    except BaseException:
+        for inst in reversed(fleet.instances):
+            try:
+                starter.stop(inst)
+            except Exception:   # stop the others regardless
+                pass
+        fleet.path.unlink(missing_ok=True)
+        raise
+    return fleet
+
+
+def _check_name_free(name: str, replace: bool) -> None:
+    folder = deployment.deployment_dir(name)
+    if (folder / "deployment.json").is_file():
+        raise TrtpdError(f"{name!r} is a single-server deployment; `trtpd down --name {name}` first, "
+                         f"or choose another --name")
+    if records.is_fleet(name):
+        old = records.load_fleet(name)
+        live = [i.name for i in old.instances if i.server.is_alive()]
+        if live and not replace:
+            raise TrtpdError(f"fleet {name!r} is already running ({', '.join(live)}); "
+                             f"`trtpd down --name {name}` first, or choose another --name")
+        fleet_down(name)
+
+
+def fleet_down(name: str, timeout_s: float = DOWN_TIMEOUT_S) -> tuple[FleetRecord, list[str]]:
+    """Stops every instance (SIGTERM to all at once, then wait; SIGKILL after `timeout_s`) and the gateway
+    named in fleet.json, cleans what they left; returns the record and notes (pids no longer ours)."""
+    fleet = records.load_fleet(name)
+    notes: list[str] = []
+    for inst in fleet.instances:
+        folder = instance_folder(fleet, inst.name)
+        if folder.is_dir():
+            stub_watch.mark_stopping(folder)    # an orderly stop: the stubs' exits are not deaths
+        if inst.server.pid_reused():
+            notes.append(f"{inst.name}: pid {inst.server.pid} is no longer its tritonserver; nothing signalled")
+        elif inst.server.is_alive():
+            _signal(inst.server.pid, signal.SIGTERM)
+    notes += _stop_gateway(fleet.gateway, timeout_s)
+    problems = []
+    for inst in fleet.instances:
+        stop_server(inst.server, timeout_s)
+        try:
+            deployment.clean_leftovers(inst.server)
+        except TrtpdError as exc:
+            problems.append(f"{inst.name}: {exc}")
+    if problems:
+        raise TrtpdError(f"fleet {name!r}: " + "; ".join(problems))
+    fleet.path.unlink(missing_ok=True)
+    return fleet, notes
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop_gateway(gateway: dict | None, timeout_s: float) -> list[str]:
+    if not gateway or not gateway.get("pid"):
+        return []
+    pid, started = int(gateway["pid"]), gateway.get("start_time")
+    if not started:
+        return [f"gateway pid {pid}: no start time recorded, so it cannot be told from a reused pid; not signalled"]
+    if not stub_watch.is_running(pid, int(started)):
+        return []
+    _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while stub_watch.is_running(pid, int(started)) and time.monotonic() < deadline:
+        _reap(pid)
+        time.sleep(0.05)
+    if stub_watch.is_running(pid, int(started)):
+        _signal(pid, signal.SIGKILL)
+    _reap(pid)
+    return []
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def fleet_status(name: str) -> dict:
+    from trtpd.fleet.state import fleet_view
+    return fleet_view(records.load_fleet(name))

@@ -1,0 +1,130 @@
+"""fleet.json: what a fleet runs, where, and with which keys (owner-only, 0600).
+
+Read by `trtpd down/status` and by the gateway (`load_fleet(name)`); the field names are an interface.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trtpd.errors import TrtpdError
+from trtpd.serving.deployment import deployment_dir, trtpd_home
+from trtpd.serving.tritonserver import ServerProcess
+
+FLEET_FILE = "fleet.json"
+ROLES = ("prefill", "decode", "colocated")
+MODES = ("disaggregated", "colocated")
+
+
+@dataclass
+class InstanceRecord:
+    name: str               # e.g. "prefill-0"; also the `instance` metrics label
+    role: str               # prefill | decode | colocated
+    model: str              # the model name inside its repository (= role)
+    server: ServerProcess   # pid, start_time, host, ports, repo, log
+    engine_dir: str
+    kv_transport: str       # shm | tcp
+    kv_bind: str            # host:port the KV exporter binds (prefill); "" for decode/colocated
+    kv_advertise: str       # host:port put in the handles' endpoint; "" for decode/colocated
+    cpus: list[int]
+    max_batch_size: int     # from the engine's EngineConfig (routing and validation use them)
+    num_kv_blocks: int
+    max_input_len: int
+    max_seq_len: int
+
+    @property
+    def grpc_url(self) -> str:
+        return self.server.grpc_url
+
+    @property
+    def http_url(self) -> str:
+        return self.server.http_url
+
+    @property
+    def metrics_url(self) -> str:
+        return self.server.metrics_url
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["server"] = self.server.to_dict()
+        # derived, for readers that do not import trtpd (ignored by from_dict)
+        d.update(grpc_url=self.grpc_url, http_url=self.http_url, metrics_url=self.metrics_url)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "InstanceRecord":
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{**{k: v for k, v in d.items() if k in names}, "server": ServerProcess.from_dict(d["server"])})
+
+
+@dataclass
+class FleetRecord:
+    name: str
+    mode: str                       # disaggregated | colocated
+    build_root: str
+    key_file: str                   # the fleet's KV / orchestrator key (0600), shared by every instance
+    tokenizer_dir: str              # the checkpoint folder holding the tokenizer
+    instances: list[InstanceRecord] = field(default_factory=list)
+    gateway: dict | None = None     # {"pid", "start_time", "host", "port"} (written by the gateway)
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def folder(self) -> Path:
+        return deployment_dir(self.name)
+
+    @property
+    def path(self) -> Path:
+        return self.folder / FLEET_FILE
+
+    def instance(self, name: str) -> InstanceRecord:
+        for inst in self.instances:
+            if inst.name == name:
+                return inst
+        raise TrtpdError(f"fleet {self.name!r} has no instance {name!r} "
+                         f"(it has {', '.join(i.name for i in self.instances) or 'none'})")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "mode": self.mode, "build_root": self.build_root, "key_file": self.key_file,
+                "tokenizer_dir": self.tokenizer_dir, "instances": [i.to_dict() for i in self.instances],
+                "gateway": self.gateway, "started_at": self.started_at}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FleetRecord":
+        return cls(d["name"], d["mode"], d["build_root"], d["key_file"], d["tokenizer_dir"],
+                   [InstanceRecord.from_dict(i) for i in d["instances"]], d.get("gateway"), d["started_at"])
+
+    def save(self) -> None:
+        """Atomically, 0600 (the folder is the owner's only, like a deployment's)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.chmod(0o700)
+        tmp = self.path.with_name(f".{FLEET_FILE}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.to_dict(), indent=2))
+        os.replace(tmp, self.path)
+
+
+def load_fleet(name: str) -> FleetRecord:
+    path = deployment_dir(name) / FLEET_FILE
+    if not path.is_file():
+        raise TrtpdError(f"no fleet named {name!r}: {path} does not exist (start one with "
+                         f"`trtpd up --fleet --name {name}`; see `trtpd status`)")
+    try:
+        return FleetRecord.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise TrtpdError(f"{path}: not a fleet record ({type(exc).__name__}: {exc}); "
+                         f"stop its processes by hand and remove the file") from None
+
+
+def is_fleet(name: str) -> bool:
+    return (deployment_dir(name) / FLEET_FILE).is_file()
+
+
+def list_fleets() -> list[FleetRecord]:
+    root = trtpd_home() / "deployments"
+    return [load_fleet(p.parent.name) for p in sorted(root.glob(f"*/{FLEET_FILE}"))] if root.is_dir() else []

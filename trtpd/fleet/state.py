@@ -1,0 +1,68 @@
+"""What each instance of a fleet is doing: state (ready | starting | failed | exited), endpoints, load."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+
+from trtpd.fleet.instance import instance_folder, shares_cores
+from trtpd.fleet.records import FleetRecord, InstanceRecord
+from trtpd.serving import stub_watch
+
+
+def instance_state(fleet: FleetRecord, inst: InstanceRecord) -> tuple[str, str]:
+    """(state, reason). failed: a stub of it died (its death record names the model and pid)."""
+    death = stub_watch.read_death(instance_folder(fleet, inst.name))
+    if death is not None and death.get("server_pid") == inst.server.pid:
+        return "failed", f"{inst.name}: {stub_watch.format_death(death)}"
+    if inst.server.is_ready():
+        return "ready", ""
+    if inst.server.is_alive():
+        return "starting", ""
+    if inst.server.pid_reused():
+        return "exited", f"{inst.name}: pid {inst.server.pid} is no longer its tritonserver"
+    return "exited", f"{inst.name}: tritonserver (pid {inst.server.pid}) is not running; see {inst.server.log_path}"
+
+
+def load(metrics_url: str, model: str) -> dict[str, int]:
+    """waiting, active requests and KV blocks used/max of `model` from its metrics endpoint ({}: unreadable)."""
+    try:
+        text = urllib.request.urlopen(metrics_url, timeout=2).read().decode()
+    except OSError:
+        return {}
+    wanted = {("nv_trt_llm_request_metrics", "request_type", "waiting"): "waiting",
+              ("nv_trt_llm_request_metrics", "request_type", "active"): "active",
+              ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "used"): "kv_used",
+              ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "max"): "kv_max"}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "{" not in line:
+            continue
+        name = line[:line.index("{")]
+        labels = dict(p.split("=", 1) for p in line[line.index("{") + 1:line.rindex("}")].split(",") if "=" in p)
+        labels = {k: v.strip('"') for k, v in labels.items()}
+        if labels.get("model") != model:
+            continue
+        for (metric, key, value), field in wanted.items():
+            if name == metric and labels.get(key) == value:
+                out[field] = int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def instance_view(fleet: FleetRecord, inst: InstanceRecord) -> dict:
+    state, reason = instance_state(fleet, inst)
+    return {"name": inst.name, "role": inst.role, "state": state, "reason": reason, "pid": inst.server.pid,
+            "start_time": inst.server.start_time, "grpc": inst.grpc_url, "http": inst.http_url,
+            "metrics": inst.metrics_url, "kv": inst.kv_advertise, "cpus": inst.cpus,
+            "load": load(inst.metrics_url, inst.model) if state == "ready" else {}}
+
+
+def fleet_view(fleet: FleetRecord) -> dict:
+    instances = [instance_view(fleet, i) for i in fleet.instances]
+    states = {i["state"] for i in instances}
+    state = "ready" if states == {"ready"} else next((s for s in ("failed", "exited", "starting") if s in states),
+                                                      "empty")
+    return {"name": fleet.name, "kind": "fleet", "mode": fleet.mode, "state": state,
+            "instances": instances, "gateway": fleet.gateway,
+            "shared_cores": shares_cores([i.cpus for i in fleet.instances]),
+            "up_s": round(time.time() - fleet.started_at)}
