@@ -19,12 +19,22 @@ def run(args: argparse.Namespace) -> int:
 
     if args.all:
         a.refuse_given(args, ("name",), "--all stops every deployment; give --name or --all")
+    from trtpd.fleet import records
+    from trtpd.fleet.launcher import fleet_down
+
     names = [d.name for d in deployment.list_deployments()] if args.all else [args.name]
+    fleets = [f.name for f in records.list_fleets()] if args.all else [n for n in names if records.is_fleet(n)]
+    names = [n for n in names if n not in fleets]
+    for name in fleets:
+        fleet, notes = fleet_down(name)
+        for note in notes:
+            print(f"{name}: {note}")
+        print(f"stopped fleet {name} ({', '.join(f'{i.name} pid {i.server.pid}' for i in fleet.instances)})")
     for name in names:
         dep = deployment.down(name)
         if dep.note:
             print(f"{name}: {dep.note}")
         print(f"stopped {name} (pid {dep.server.pid})")
-    if not names:
+    if not names and not fleets:
         print("no deployments")
     return 0

@@ -50,7 +50,14 @@ def run(args: argparse.Namespace) -> int:
 
     from trtpd.serving import deployment
 
-    deps = [deployment.Deployment.load(args.name)] if args.name else deployment.list_deployments()
+    from trtpd.fleet import records
+    from trtpd.fleet.state import fleet_view
+
+    if args.name and records.is_fleet(args.name):
+        deps, fleets = [], [fleet_view(records.load_fleet(args.name))]
+    else:
+        deps = [deployment.Deployment.load(args.name)] if args.name else deployment.list_deployments()
+        fleets = [] if args.name else [fleet_view(f) for f in records.list_fleets()]
     rows = []
     for dep in deps:
         s = dep.server
@@ -61,10 +68,14 @@ def run(args: argparse.Namespace) -> int:
                      "batch_invariance_rows": batch_invariance(s.metrics_url) if state == "ready" else {},
                      "death": dep.death(), "up_s": round(time.time() - dep.started_at)})
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + fleets, indent=2))   # fleets: "kind": "fleet", one entry per instance
         return 0
-    if not rows:
+    if not rows and not fleets:
         print("no deployments (start one with `trtpd up`)")
+        return 0
+    for fleet in fleets:
+        print_fleet(fleet)
+    if not rows:
         return 0
     table = Table("name", "mode", "pid", "state", "HTTP", "gRPC", "metrics", "KV blocks used/max", "up")
     for r in rows:
@@ -80,3 +91,26 @@ def run(args: argparse.Namespace) -> int:
             if r["state"] == "failed":
                 print(f"  stop it with `trtpd down --name {r['name']}`, then `trtpd up` again")
     return 0
+
+
+def print_fleet(fleet: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("instance", "role", "pid", "state", "gRPC", "HTTP", "metrics", "KV", "cpus",
+                  "waiting/active", "KV blocks used/max",
+                  title=f"fleet {fleet['name']} ({fleet['mode']}): {fleet['state']}, up {fleet['up_s']} s")
+    for i in fleet["instances"]:
+        load = i["load"]
+        table.add_row(i["name"], i["role"], str(i["pid"]), i["state"], i["grpc"], i["http"], i["metrics"],
+                      i["kv"] or "-", ",".join(map(str, i["cpus"])),
+                      f"{load['waiting']}/{load['active']}" if "waiting" in load else "-",
+                      f"{load['kv_used']}/{load['kv_max']}" if "kv_max" in load else "-")
+    Console().print(table)
+    if fleet["shared_cores"]:
+        print(f"{fleet['name']}: more instances than cores: instances share cores")
+    for i in fleet["instances"]:
+        if i["reason"]:
+            print(f"{fleet['name']}: {i['state']}: {i['reason']}")
+    if fleet["state"] in ("failed", "exited"):
+        print(f"  stop it with `trtpd down --name {fleet['name']}`, then `trtpd up --fleet` again")

@@ -17,7 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=a.port, help="(default: a free port)")
     p.add_argument("--metrics-port", type=a.port, help="(default: a free port)")
     p.add_argument("--replace", action="store_true", help="stop a running deployment of the same name first")
+    p.add_argument("--fleet", action="store_true",
+                   help="one tritonserver per instance (own ports, state folder and cores) instead of one server")
     add_reference_args(p)
+    for role in ("prefill", "decode", "colocated"):   # short forms for --fleet; the same settings
+        p.add_argument(f"--{role}", dest=f"{role}_instances", type=a.positive_int, default=argparse.SUPPRESS,
+                       help=f"--fleet: {role} instance servers (= --{role}-instances)")
     p.set_defaults(func=run)
 
 
@@ -25,6 +30,11 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.serving import deployment
     from trtpd.serving.tritonserver import ServerPorts
 
+    if args.fleet:
+        return run_fleet(args)
+    from trtpd.fleet.records import is_fleet
+    if is_fleet(args.name):
+        raise a.ConfigError(f"{args.name!r} is a fleet; `trtpd down --name {args.name}` first, or choose another --name")
     spec = reference_spec(args)
     ports = None
     if args.http_port or args.grpc_port or args.metrics_port:
@@ -39,4 +49,29 @@ def run(args: argparse.Namespace) -> int:
     print(f"  gRPC     {s.grpc_url}")
     print(f"  metrics  {s.metrics_url}")
     print(f"  log      {s.log_path}")
+    return 0
+
+
+def run_fleet(args: argparse.Namespace) -> int:
+    from trtpd.fleet.instance import shares_cores
+    from trtpd.fleet.launcher import fleet_up
+
+    a.refuse_given(args, ("http_port", "grpc_port", "metrics_port"), "not used by --fleet (each instance gets "
+                                                                     "free ports of its own)")
+    mode = "colocated" if args.mode == "colocated" or "colocated_instances" in a.given(args) else "disaggregated"
+    if mode == "colocated" and args.mode != "colocated" and "mode" in a.given(args):
+        a.refuse_given(args, ("colocated_instances",), f"not used by --mode {args.mode}")
+    spec = reference_spec(args, mode)
+    counts = ({"colocated": spec.colocated_instances} if mode == "colocated" else
+              {"prefill": spec.prefill_instances, "decode": spec.decode_instances})
+    print(f"starting {mode} fleet {args.name!r} ({', '.join(f'{n} {r}' for r, n in counts.items())}; "
+          f"decode first) ...", flush=True)
+    fleet = fleet_up(args.name, spec, replace=args.replace, **counts)
+    print(f"ready: {fleet.name} ({fleet.mode} fleet, {len(fleet.instances)} instances, key {fleet.key_file})")
+    for i in fleet.instances:
+        s = i.server
+        print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  gRPC {i.grpc_url}  HTTP http://{i.http_url}  "
+              f"metrics {i.metrics_url}  KV {i.kv_advertise or '-'}  cpus {','.join(map(str, i.cpus))}")
+    if shares_cores([i.cpus for i in fleet.instances]):
+        print("  note: more instances than cores: instances share cores, so they slow each other down")
     return 0
