@@ -44,6 +44,10 @@ class ClusterSpec:
     tokens_per_block: int = 32
     first_token_at: Literal["prefill", "decode"] = "decode"
     routing: Literal["least_loaded", "round_robin"] = "least_loaded"
+    # the routing core's knobs (trtpd.routing.core.RoutingPolicy); instances are named prefill-<i>,
+    # decode-<i>, colocated-<i>. Buckets: (max prompt tokens inclusive, prefill instance names).
+    prefill_buckets: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    decode_load: Literal["sequences", "free_kv_blocks"] = "sequences"
     response_latency_s: float = 0.0   # the serving path delays every response by this (measured)
     decode_contention: float = 0.0    # decode steps run this much slower while a prefill batch computes
 
@@ -54,6 +58,8 @@ class ClusterSpec:
             raise ValueError("a disaggregated cluster needs a prefill role and a kv_link")
         if self.mode == "colocated" and not self.decode.scheduler.prefill_in_step:
             raise ValueError("a colocated role needs BatchSchedulerConfig(prefill_in_step=True)")
+        if self.mode == "colocated" and self.prefill_buckets:
+            raise ValueError("prefill_buckets route to prefill instances: a colocated cluster has none")
 
     @property
     def num_devices(self) -> int:

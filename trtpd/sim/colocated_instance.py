@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import heapq
 
+from typing import Callable
+
 from trtpd.perf.model import PerfModel
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
@@ -33,7 +35,8 @@ def mixed_step_s(perf: PerfModel, prefill_tokens: int, sum_sq_tokens: int, batch
 class ColocatedInstance(SteppingInstance):
     def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: BatchSchedulerConfig,
                  num_blocks: int, tokens_per_block: int, records: RequestRecords,
-                 exact_steps: bool = False) -> None:
+                 exact_steps: bool = False, on_prefilled: Callable[[int], None] | None = None,
+                 on_finished: Callable[[int], None] | None = None) -> None:
         if not config.prefill_in_step:
             raise ValueError("a colocated instance needs BatchSchedulerConfig(prefill_in_step=True)")
         self.index = index
@@ -43,6 +46,8 @@ class ColocatedInstance(SteppingInstance):
         self.scheduler = ContinuousBatchScheduler(config, allocator)
         self.exact_steps = exact_steps
         self.records = records
+        self.on_prefilled = on_prefilled   # (request index): its prompt left the queue (the router is told)
+        self.on_finished = on_finished     # (request index): the router releases the request
         self.is_stepping = False
         self.num_steps = 0
         self.num_ready = 0
@@ -95,6 +100,8 @@ class ColocatedInstance(SteppingInstance):
             records.prefill_end_s[i] = now_s
             records.first_token_s[i] = now_s
             self.queued_tokens -= seq.num_prompt_tokens
+            if self.on_prefilled is not None:
+                self.on_prefilled(i)
             seq.is_ready = True
             if seq.max_new_tokens <= 1:
                 self._finish(now_s, seq)
@@ -114,3 +121,5 @@ class ColocatedInstance(SteppingInstance):
             seq.num_tokens = seq.num_prompt_tokens + seq.max_new_tokens - 1
         self.scheduler.finish(seq)
         self.num_assigned -= 1
+        if self.on_finished is not None:
+            self.on_finished(seq.request_id)

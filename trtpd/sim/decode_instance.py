@@ -49,7 +49,8 @@ class DecodeInstance(SteppingInstance):
                  num_blocks: int, tokens_per_block: int, link: KvLink, kv_bytes_per_token: int,
                  records: RequestRecords, first_token_at_decode: bool,
                  on_kv_pulled: Callable[[float, int], None], exact_steps: bool = False,
-                 contention: Callable[[], float] | None = None) -> None:
+                 contention: Callable[[], float] | None = None,
+                 on_finished: Callable[[int], None] | None = None) -> None:
         self.index = index
         self.loop = loop
         self.perf = perf
@@ -62,6 +63,7 @@ class DecodeInstance(SteppingInstance):
         self.first_token_at_decode = first_token_at_decode
         self.on_kv_pulled = on_kv_pulled   # (now_s, request index): lets prefill free its copy
         self.contention = contention       # () -> step slowdown factor from other work on shared cores
+        self.on_finished = on_finished     # (request index): the router releases the request
         self.is_stepping = False
         self.num_steps = 0                 # completed steps
         self.num_ready = 0                 # sequences in the current/next step
@@ -146,6 +148,8 @@ class DecodeInstance(SteppingInstance):
             seq.num_tokens = seq.num_prompt_tokens + seq.max_new_tokens - 1
         self.scheduler.finish(seq)
         self.num_assigned -= 1
+        if self.on_finished is not None:
+            self.on_finished(seq.request_id)
 
     def _check_exact_plan(self, now_s: float) -> None:
         """Exact mode: the unmodified scheduler runs every step and must agree on the batch."""

@@ -1,10 +1,16 @@
-"""Runs a workload through a cluster: arrivals -> router -> prefill -> KV link -> decode (or colocated)."""
+"""Runs a workload through a cluster: arrivals -> router -> prefill -> KV link -> decode (or colocated).
+
+Routing is the routing core's (trtpd.routing.core.Router), as in the gateway: the router gets one
+snapshot of the instances at the start (idle, all KV free) and from then on counts what it sent
+itself, told when a prefill answers (prefill_done) and when a request finishes (release), which is
+exactly each instance's load in the simulation.
+"""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
+from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 from trtpd.sim.cluster import ClusterSpec
 from trtpd.sim.colocated_instance import ColocatedInstance
 from trtpd.sim.decode_instance import DecodeInstance, KvLink
@@ -66,17 +72,19 @@ class Simulator:
                                            KvLink(c.kv_link.bytes_per_s, c.kv_link.latency_s),
                                            c.kv_link.kv_bytes_per_token, self.records,
                                            c.first_token_at == "decode", self._on_kv_pulled, exact_steps,
-                                           self._contention if c.decode_contention else None)
+                                           self._contention if c.decode_contention else None, self._on_finished)
                             for i in range(c.decode.num_instances)]
         else:
             self.colocated = [ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
                                                 _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records,
-                                                exact_steps)
+                                                exact_steps, self._on_colocated_prefilled, self._on_finished)
                               for i in range(c.decode.num_instances)]
-        self._entry = self.prefills or self.colocated
-        self._round_robin = itertools.cycle(range(len(self._entry)))
-        self._decode_round_robin = itertools.cycle(range(len(self.decodes) or 1))
-        self._least_loaded = cluster.routing == "least_loaded"
+        self.router = Router(routing_policy(cluster))
+        self.router.update(_views(cluster), 0.0)
+        self._ids = [str(i) for i in range(len(requests))]
+        self._by_name = {**{f"prefill-{p.index}": p for p in self.prefills},
+                         **{f"decode-{d.index}": d for d in self.decodes},
+                         **{f"colocated-{d.index}": d for d in self.colocated}}
         if c.mode == "disaggregated":
             assert c.prefill is not None
             self._max_prompt_tokens = min(c.prefill.scheduler.max_num_tokens, c.prefill.kv_capacity_tokens)
@@ -95,26 +103,32 @@ class Simulator:
             return
         if self.max_in_system is not None and index - self.num_rejected - r.num_done > self.max_in_system:
             raise _Overloaded
-        entry = self._entry
-        if len(entry) == 1:
-            target = entry[0]
-        elif self._least_loaded:
-            target = min(entry, key=_queued_tokens)
+        request_id = self._ids[index]
+        if self.colocated:
+            route = self.router.pick_colocated(request_id, r.input_tokens[index], r.output_tokens[index], now_s)
         else:
-            target = entry[next(self._round_robin)]
-        target.add(now_s, index)
+            route = self.router.pick_prefill(request_id, r.input_tokens[index], now_s)
+        if route is None:               # no instance serves this length (prefill buckets): refused
+            self.num_rejected += 1
+            return
+        self._by_name[route.instance].add(now_s, index)
 
     def _on_prefilled(self, now_s: float, index: int) -> None:
+        r = self.records
         if self._first_token_at_prefill:
-            self.records.first_token_s[index] = now_s
-        decodes = self.decodes
-        if len(decodes) == 1:
-            target = decodes[0]
-        elif self._least_loaded:
-            target = min(decodes, key=_num_assigned)
-        else:
-            target = decodes[next(self._decode_round_robin)]
-        target.add(now_s, index)
+            r.first_token_s[index] = now_s
+        request_id = self._ids[index]
+        self.router.prefill_done(request_id)
+        route = self.router.pick_decode(request_id, r.input_tokens[index], r.output_tokens[index], now_s)
+        if route is None:
+            raise AssertionError(f"request {index}: no decode instance can hold it (checked on arrival)")
+        self._by_name[route.instance].add(now_s, index)
+
+    def _on_colocated_prefilled(self, index: int) -> None:
+        self.router.prefill_done(self._ids[index])
+
+    def _on_finished(self, index: int) -> None:
+        self.router.release(self._ids[index])
 
     def _contention(self) -> float:
         """Slowdown factor of a decode step that starts now (shared cores: a prefill batch computing)."""
@@ -152,12 +166,25 @@ def default_max_in_system(cluster: ClusterSpec) -> int:
     return 20 * held + 1000
 
 
-def _queued_tokens(instance) -> int:
-    return instance.queued_tokens
+def routing_policy(cluster: ClusterSpec) -> RoutingPolicy:
+    return RoutingPolicy(prefill_buckets=cluster.prefill_buckets, balance=cluster.routing,
+                         decode_load=cluster.decode_load)
 
 
-def _num_assigned(instance) -> int:
-    return instance.num_assigned
+def _views(cluster: ClusterSpec) -> list[InstanceView]:
+    """The instances as idle snapshots. Prefill KV is counted in tokens here and the simulator refuses
+    too-long prompts itself, so prefill views leave max_kv_blocks unknown (0)."""
+    tpb, batch = cluster.tokens_per_block, cluster.decode
+    assert batch is not None
+    blocks = _blocks(batch.kv_capacity_tokens, tpb)
+    role = "decode" if cluster.mode == "disaggregated" else "colocated"
+    views = [InstanceView(f"{role}-{i}", role, free_kv_blocks=blocks, max_kv_blocks=blocks,
+                          max_batch_size=batch.scheduler.max_batch_size, tokens_per_block=tpb)
+             for i in range(batch.num_instances)]
+    if cluster.mode == "disaggregated" and cluster.prefill is not None:
+        views += [InstanceView(f"prefill-{i}", "prefill", max_batch_size=cluster.prefill.scheduler.max_batch_size,
+                               tokens_per_block=tpb) for i in range(cluster.prefill.num_instances)]
+    return views
 
 
 def simulate(cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False,
