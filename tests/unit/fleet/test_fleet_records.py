@@ -1,0 +1,76 @@
+"""fleet.json: round trip, owner-only mode, the field names the gateway reads, clear errors; core assignment."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from trtpd.errors import TrtpdError
+from trtpd.fleet.instance import assign_cpus, shares_cores
+from trtpd.fleet.records import FleetRecord, InstanceRecord, list_fleets, load_fleet
+from trtpd.serving.tritonserver import ServerPorts, ServerProcess
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRTPD_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def instance(name: str, role: str, http: int) -> InstanceRecord:
+    server = ServerProcess(1234, "127.0.0.1", ServerPorts(http, http + 1, http + 2), f"/r/{name}/repo",
+                           f"/r/{name}/tritonserver.log", f"trtpd{http}_", "/r/admin.key", 987)
+    kv = "127.0.0.1:7000" if role == "prefill" else ""
+    return InstanceRecord(name, role, role, server, "/e/" + role, "shm", kv, kv, [0], 8, 1024, 1536, 2048)
+
+
+def test_round_trip_is_0600_and_keeps_the_gateway_fields(home):
+    fleet = FleetRecord("f1", "disaggregated", "/engines/x", "/k/kv.key", "/engines/x/checkpoint",
+                        [instance("decode-0", "decode", 9000), instance("prefill-0", "prefill", 9010)])
+    fleet.save()
+    assert stat.S_IMODE(fleet.path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(fleet.path.parent.stat().st_mode) == 0o700
+    again = load_fleet("f1")
+    assert again == fleet
+    raw = json.loads(fleet.path.read_text())
+    assert {"name", "mode", "build_root", "key_file", "tokenizer_dir", "instances", "gateway",
+            "started_at"} <= set(raw)
+    first = raw["instances"][0]
+    assert (first["name"], first["role"], first["model"], first["server"]["pid"]) == ("decode-0", "decode", "decode", 1234)
+    assert first["grpc_url"] == "127.0.0.1:9001" and first["metrics_url"] == "http://127.0.0.1:9002/metrics"
+    assert again.instances[1].grpc_url == "127.0.0.1:9011" and again.instances[1].kv_advertise == "127.0.0.1:7000"
+    assert (first["max_batch_size"], first["num_kv_blocks"], first["max_input_len"], first["max_seq_len"]) == \
+        (8, 1024, 1536, 2048)
+    assert [f.name for f in list_fleets()] == ["f1"]
+
+
+def test_gateway_record_survives_a_round_trip(home):
+    fleet = FleetRecord("g", "colocated", "/b", "/k", "/t", [instance("colocated-0", "colocated", 9100)])
+    fleet.gateway = {"pid": 42, "start_time": 7, "host": "127.0.0.1", "port": 8000}
+    fleet.save()
+    assert load_fleet("g").gateway == fleet.gateway
+
+
+def test_missing_fleet_is_a_clear_error(home):
+    with pytest.raises(TrtpdError, match="no fleet named 'nope'.*fleet.json does not exist"):
+        load_fleet("nope")
+    assert list_fleets() == []
+
+
+def test_corrupt_fleet_file_names_the_file(home):
+    (home / "deployments" / "bad").mkdir(parents=True)
+    (home / "deployments" / "bad" / "fleet.json").write_text('{"name": "bad"}')
+    with pytest.raises(TrtpdError, match="fleet.json: not a fleet record"):
+        load_fleet("bad")
+
+
+def test_cpus_round_robin():
+    assert assign_cpus(2, [0, 1]) == [[0], [1]]
+    assert assign_cpus(2, [0, 1, 2, 3]) == [[0, 2], [1, 3]]
+    assert assign_cpus(4, [0, 1]) == [[0], [1], [0], [1]]      # 2 cores, 4 instances: shared
+    assert not shares_cores(assign_cpus(2, [0, 1, 2, 3]))
+    assert shares_cores(assign_cpus(3, [5, 6]))
+    with pytest.raises(TrtpdError):
+        assign_cpus(1, [])
