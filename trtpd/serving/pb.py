@@ -7,6 +7,8 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtpd.serving import error_kinds
+
 ERROR_CODES = {
     "invalid_arg": "INVALID_ARG",
     "unavailable": "UNAVAILABLE",
@@ -25,13 +27,19 @@ def model_parameters(args: dict) -> dict[str, str]:
 
 
 def triton_error(message: str, kind: str = "invalid_arg"):
+    """A TritonError with the code of `kind`, its message tagged with the kind (error_kinds.py: the code
+    does not survive Triton 2.51's decoupled path, the tag does)."""
     code = getattr(pb_utils.TritonError, ERROR_CODES.get(kind, "INTERNAL"), None)
+    message = error_kinds.tag(message, kind)
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
 def kind_of(error) -> str:
     """The kind (ERROR_CODES key) of a pb_utils.TritonError, e.g. a BLS sub-request's response.error(), so an
     orchestrator passes on the role model's code instead of blaming the client for every failure."""
+    _, tagged = error_kinds.parse(error.message())
+    if tagged is not None:   # a trtpd model's own verdict
+        return tagged
     code = error.code() if hasattr(error, "code") else None
     for kind, name in ERROR_CODES.items():
         if code is not None and code == getattr(pb_utils.TritonError, name, object()):

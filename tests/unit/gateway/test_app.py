@@ -1,0 +1,188 @@
+"""The gateway's HTTP layer with a scripted orchestrator in place of the fleet (the fleet itself is
+tested end to end in tests/e2e/test_gateway.py): OpenAI bodies, errors and their status, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from trtpd.engine.tokenizer import Tokenizer
+from trtpd.gateway.app import create_app
+from trtpd.gateway.config import GatewayConfig
+from trtpd.gateway.orchestrator import GatewayError, Generated
+from trtpd.gateway.service import FleetService
+
+
+class ScriptedOrchestrator:
+    """Yields the tokens of `text` one by one (then EOS), or fails as told."""
+
+    def __init__(self, tokenizer, text: str, fail: GatewayError | None = None, hold: asyncio.Event | None = None):
+        self.ids = tokenizer.encode(text, add_bos=False)
+        self.fail = fail
+        self.hold = hold
+        self.calls = []
+
+    async def generate(self, request_id, prompt_ids, sampling):
+        self.calls.append((prompt_ids, sampling))
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.fail is not None:
+            raise self.fail
+        for i, token in enumerate(self.ids[:sampling.max_new_tokens]):
+            yield Generated([token], {"prefill_queue_ms": 1.0} if i == 0 else {})
+        if len(self.ids) < sampling.max_new_tokens:
+            yield Generated([sampling.end_id])
+
+
+class ScriptedService(FleetService):
+    def __init__(self, config, orchestrator_text="Hello world, hello there", **kw):
+        super().__init__(config)
+        self.orchestrator = ScriptedOrchestrator(self.tokenizer, orchestrator_text, **kw)
+        self._slots = asyncio.Semaphore(self.config.max_inflight)   # httpx's ASGI transport runs no lifespan
+
+    async def start(self):
+        pass
+
+    async def stop(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, fp16_root) -> Path:
+    return fp16_root / "checkpoint"
+
+
+def make_config(folder: Path, tmp_path: Path, **kw) -> GatewayConfig:
+    key = tmp_path / "kv.key"   # generated (0600) on first use
+    return GatewayConfig(model_name="tiny-llama", mode="disaggregated", instances=(), key_file=key,
+                         tokenizer_dir=folder, max_input_len=64, max_seq_len=96, **kw)
+
+
+def client(service) -> httpx.AsyncClient:
+    app = create_app(service.config, service)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_completion_whole_with_usage_and_stop_at_eos(folder, tmp_path):
+    svc = ScriptedService(make_config(folder, tmp_path))
+
+    async def go():
+        async with client(svc) as c:
+            r = await c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "Hi", "max_tokens": 40,
+                                                        "temperature": 0})
+            return r
+    r = run(go())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "Hello world, hello there"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    tok = Tokenizer.load(folder / "tokenizer.json")
+    n, p = len(tok.encode("Hello world, hello there", add_bos=False)), len(tok.encode("Hi"))
+    assert body["usage"] == {"prompt_tokens": p, "completion_tokens": n + 1, "total_tokens": p + n + 1}   # + EOS
+    prompt_ids, sampling = svc.orchestrator.calls[0]
+    assert prompt_ids == tok.encode("Hi") and sampling.temperature == 0 and sampling.max_new_tokens == 40
+
+
+def test_chat_streaming_chunks_then_usage_then_done(folder, tmp_path):
+    svc = ScriptedService(make_config(folder, tmp_path))
+
+    async def go():
+        async with client(svc) as c:
+            async with c.stream("POST", "/v1/chat/completions", json={
+                    "model": "tiny-llama", "messages": [{"role": "user", "content": "Hi"}], "stream": True,
+                    "stream_options": {"include_usage": True}}) as r:
+                return r.status_code, [line async for line in r.aiter_lines() if line.startswith("data:")]
+    status, lines = run(go())
+    assert status == 200 and lines[-1] == "data: [DONE]"
+    events = [json.loads(line[5:]) for line in lines[:-1]]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"]) == \
+        "Hello world, hello there"
+    assert events[-2]["choices"][0]["finish_reason"] == "stop" and events[-1]["usage"]["prompt_tokens"] > 0
+
+
+def test_a_stop_string_cuts_the_text_and_ends_the_request(folder, tmp_path):
+    svc = ScriptedService(make_config(folder, tmp_path))
+
+    async def go():
+        async with client(svc) as c:
+            return await c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "Hi", "max_tokens": 40,
+                                                           "stop": [", hello"]})
+    body = run(go()).json()
+    assert body["choices"][0]["text"] == "Hello world" and body["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("payload, status, param, fragment", [
+    (b"{not json", 400, None, "not valid JSON"),
+    ({"model": "tiny-llama", "prompt": "x", "temprature": 0.5}, 400, "temprature", "Extra inputs"),
+    ({"model": "tiny-llama", "prompt": "x", "max_tokens": -3}, 400, "max_tokens", "greater than or equal to 1"),
+    ({"model": "tiny-llama", "prompt": "x", "max_tokens": "many"}, 400, "max_tokens", "valid integer"),
+    ({"model": "tiny-llama", "prompt": "x", "n": 2}, 400, None, "n=2 is not supported"),
+    ({"model": "tiny-llama", "prompt": "x", "temperature": 9}, 400, "temperature", "less than or equal to 2"),
+    ({"model": "gpt-9", "prompt": "x"}, 404, "model", "does not exist"),
+    ({"model": "tiny-llama", "prompt": "word " * 80}, 400, "prompt", "over this model's limit of 64"),
+    ({"model": "tiny-llama", "prompt": "x", "max_tokens": 95}, 400, "max_tokens", "ask for at most 94"),
+])
+def test_bad_requests_get_openai_errors_naming_the_field(folder, tmp_path, payload, status, param, fragment):
+    svc = ScriptedService(make_config(folder, tmp_path))
+
+    async def go():
+        async with client(svc) as c:
+            if isinstance(payload, bytes):
+                return await c.post("/v1/completions", content=payload, headers={"content-type": "application/json"})
+            return await c.post("/v1/completions", json=payload)
+    r = run(go())
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert fragment in error["message"] and error["param"] == param
+    assert error["type"] == "invalid_request_error" and not svc.orchestrator.calls
+
+
+def test_api_key_required_when_configured(folder, tmp_path):
+    svc = ScriptedService(make_config(folder, tmp_path, api_keys=frozenset({"sk-right"})))
+
+    async def go():
+        async with client(svc) as c:
+            body = {"model": "tiny-llama", "prompt": "x"}
+            return [(await c.post("/v1/completions", json=body, headers=h)).status_code
+                    for h in ({}, {"Authorization": "Bearer sk-wrong"}, {"Authorization": "Bearer sk-right"})]
+    assert run(go()) == [401, 401, 200]
+
+
+def test_a_body_over_the_limit_is_refused_with_413(folder, tmp_path):
+    svc = ScriptedService(make_config(folder, tmp_path, max_body_bytes=100))
+
+    async def go():
+        async with client(svc) as c:
+            return await c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "x" * 200})
+    assert run(go()).status_code == 413
+
+
+def test_server_faults_are_5xx_and_the_queue_answers_429_when_full(folder, tmp_path):
+    hold = asyncio.Event()
+    svc = ScriptedService(make_config(folder, tmp_path, max_inflight=1, max_queued=1), hold=hold,
+                          fail=GatewayError("no decode instance is ready", "unavailable"))
+
+    async def go():
+        async with client(svc) as c:
+            body = {"model": "tiny-llama", "prompt": "x"}
+            first = asyncio.create_task(c.post("/v1/completions", json=body))
+            second = asyncio.create_task(c.post("/v1/completions", json=body))
+            while svc.num_queued < 1 or not svc._slots.locked():
+                await asyncio.sleep(0.01)
+            third = await c.post("/v1/completions", json=body)
+            hold.set()
+            return third, await first, await second
+    third, first, second = run(go())
+    assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_error"
+    assert first.status_code == 503 and second.status_code == 503
+    assert "no decode instance is ready" in first.json()["error"]["message"]
+    assert svc.num_queued == 0 and not svc._slots.locked()    # every slot came back

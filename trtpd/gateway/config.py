@@ -1,0 +1,57 @@
+"""What a gateway serves: its fleet (from fleet.json), limits and SLOs; typed, built once at start."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class InstanceTarget:
+    name: str
+    role: str
+    model: str
+    grpc_url: str
+    metrics_url: str
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model_name: str                  # the name clients pass as `model` (the checkpoint's model)
+    mode: str                        # "disaggregated" | "colocated"
+    instances: tuple[InstanceTarget, ...]
+    key_file: Path                   # the deployment key: orchestrator tokens for the role models
+    tokenizer_dir: Path
+    max_input_len: int
+    max_seq_len: int
+    eos_id: int = 2
+    host: str = "127.0.0.1"
+    port: int = 0
+    api_keys: frozenset[str] = field(default_factory=frozenset)   # empty: no key required
+    max_inflight: int = 64           # requests served at once (the rest queue)
+    max_queued: int = 256            # beyond this a request gets 429
+    max_body_bytes: int = 1 << 20    # larger request bodies get 413
+    default_max_tokens: int = 16     # OpenAI's default for completions; chat uses the room left, capped
+    chat_max_tokens_cap: int = 256
+    slo_ttft_s: float = 1.0          # live goodput: requests meeting both
+    slo_tpot_s: float = 0.1
+    poll_interval_s: float = 0.2     # instance load probes
+
+
+def checkpoint_facts(tokenizer_dir: Path) -> tuple[str, int]:
+    """(model name, EOS id) from the checkpoint's config.json, without loading weights."""
+    config = json.loads((Path(tokenizer_dir) / "config.json").read_text())
+    return config.get("trtpd", {}).get("model") or Path(tokenizer_dir).parent.parent.name, \
+        int(config.get("eos_token_id", 2))
+
+
+def from_fleet(fleet, **overrides) -> GatewayConfig:
+    """A GatewayConfig for a fleet record (trtpd/fleet/records.py)."""
+    name, eos = checkpoint_facts(Path(fleet.tokenizer_dir))
+    instances = tuple(InstanceTarget(i.name, i.role, i.model, i.grpc_url, i.metrics_url) for i in fleet.instances)
+    serving = [i for i in fleet.instances if i.role in ("decode", "colocated")] or list(fleet.instances)
+    return GatewayConfig(model_name=name, mode=fleet.mode, instances=instances, key_file=Path(fleet.key_file),
+                         tokenizer_dir=Path(fleet.tokenizer_dir), eos_id=eos,
+                         max_input_len=min(i.max_input_len for i in fleet.instances),
+                         max_seq_len=min(i.max_seq_len for i in serving), **overrides)

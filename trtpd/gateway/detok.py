@@ -1,0 +1,74 @@
+"""Incremental detokenization for streaming: each chunk is the new *stable* text.
+
+A character split across byte-fallback tokens decodes to U+FFFD until its last byte arrives, so the
+tail after the last complete character is held back; so is a tail that could still grow into a stop
+string (OpenAI semantics: the stop string ends the text and is not part of it). At the end the rest
+is flushed, so the streamed chunks always concatenate to the full completion's text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.token_ids: list[int] = []
+        self.emitted = ""            # text sent so far
+        self.stopped = False         # a stop string was reached: the text ends before it
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        """The text that became stable with these tokens ("" when it is held back)."""
+        if self.stopped:
+            return ""
+        self.token_ids.extend(token_ids)
+        text = self.tokenizer.decode(self.token_ids)
+        cut = self._stop_at(text)
+        if cut is not None:
+            self.stopped = True
+            return self._emit(text[:cut])
+        stable = text.rstrip(REPLACEMENT)
+        return self._emit(stable[:len(stable) - self._stop_prefix_len(stable)])
+
+    def finish(self) -> str:
+        """Whatever is still held back, at the end of the completion."""
+        if self.stopped:
+            return ""
+        text = self.tokenizer.decode(self.token_ids)
+        cut = self._stop_at(text)
+        if cut is not None:
+            self.stopped = True
+            text = text[:cut]
+        return self._emit(text)
+
+    @property
+    def text(self) -> str:
+        return self.emitted
+
+    def _emit(self, upto: str) -> str:
+        if not upto.startswith(self.emitted) or len(upto) <= len(self.emitted):
+            return ""
+        new = upto[len(self.emitted):]
+        self.emitted = upto
+        return new
+
+    def _stop_at(self, text: str) -> int | None:
+        """Where the first stop string starts in the text not yet emitted (searched from the emitted end's
+        reach back, so a stop string spanning two chunks is found)."""
+        start = max(0, len(self.emitted) - max((len(s) for s in self.stop), default=0))
+        hits = [i for s in self.stop if (i := text.find(s, start)) >= 0]
+        return min(hits) if hits else None
+
+    def _stop_prefix_len(self, text: str) -> int:
+        """The longest tail of `text` that is a proper prefix of some stop string (it might become one)."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    best = max(best, n)
+                    break
+        return best

@@ -1,0 +1,132 @@
+"""A request's way through the fleet: prefill on one instance, decode on another, as the routing core
+decides, with the retries it allows (a KV pull that fails because prefill died is prefilled again
+elsewhere). Yields the generated tokens as they arrive; every path releases the router's accounting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from trtpd.gateway.role_client import RoleChunk, RoleClient, RoleError, SamplingInputs
+from trtpd.routing.core import Router
+
+
+class GatewayError(Exception):
+    """A request the gateway could not serve; `kind` maps to the HTTP status (invalid_arg 400,
+    unavailable 503, overloaded 429, internal 500)."""
+
+    def __init__(self, message: str, kind: str = "internal") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class Generated:
+    """One step of a request's output: new tokens, and the TTFT breakdown once known."""
+
+    token_ids: list[int]
+    perf: dict[str, float] = field(default_factory=dict)
+    prefill_instance: str | None = None
+    decode_instance: str | None = None
+
+
+class FleetOrchestrator:
+    def __init__(self, mode: str, router: Router, clients: dict[str, RoleClient],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.mode = mode
+        self.router = router
+        self.clients = clients
+        self.clock = clock
+
+    async def generate(self, request_id: str, prompt_ids: list[int],
+                       sampling: SamplingInputs) -> AsyncIterator[Generated]:
+        try:
+            if self.mode == "colocated":
+                async for out in self._colocated(request_id, prompt_ids, sampling):
+                    yield out
+            else:
+                async for out in self._disaggregated(request_id, prompt_ids, sampling):
+                    yield out
+        finally:
+            self.router.release(request_id)
+
+    # ---- disaggregated -----------------------------------------------------------------------
+    async def _disaggregated(self, request_id: str, ids: list[int], sampling: SamplingInputs):
+        exclude: frozenset[str] = frozenset()
+        attempt = 1
+        while True:
+            prefill = self.router.pick_prefill(request_id, len(ids), self.clock(), exclude)
+            if prefill is None:
+                raise GatewayError("no prefill instance is ready; retry later", "unavailable")
+            try:
+                handle, perf = await self._prefill(prefill.instance, f"{request_id}-p{attempt}", ids, sampling)
+            except RoleError as exc:
+                exclude, attempt = self._decide(request_id, "prefill", exc, attempt, exclude)
+                continue
+            self.router.prefill_done(request_id)
+            decode = self.router.pick_decode(request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude)
+            if decode is None:
+                raise GatewayError("no decode instance can take this request now; retry later", "unavailable")
+            streamed = False
+            try:
+                async for chunk in self.clients[decode.instance].stream(
+                        f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle):
+                    if chunk.token_ids or chunk.final:
+                        streamed = streamed or bool(chunk.token_ids)
+                        yield Generated(chunk.token_ids, {**perf, **chunk.perf}, prefill.instance, decode.instance)
+                return
+            except RoleError as exc:
+                if streamed:   # the client has part of the answer: no retry can continue it
+                    raise GatewayError(f"decode instance {decode.instance} failed mid-stream: {exc}",
+                                       _http_kind(exc.kind)) from None
+                stage = "kv_pull" if exc.kind == "unavailable" else "decode"
+                exclude, attempt = self._decide(request_id, stage, exc, attempt, exclude,
+                                                failed=prefill.instance if stage == "kv_pull" else exc.instance)
+
+    async def _prefill(self, instance: str, sub_id: str, ids: list[int],
+                       sampling: SamplingInputs) -> tuple[bytes, dict[str, float]]:
+        handle, perf = None, {}
+        async for chunk in self.clients[instance].stream(sub_id, "context_only", ids, sampling):
+            handle = chunk.handle or handle
+            perf.update(chunk.perf)
+        if handle is None:
+            raise RoleError(f"prefill instance {instance} returned no context_phase_params", "internal", instance)
+        return handle, perf
+
+    def _decide(self, request_id: str, stage: str, exc: RoleError, attempt: int, exclude: frozenset[str],
+                failed: str | None = None) -> tuple[frozenset[str], int]:
+        """Asks the routing core what to do about a failed step; raises GatewayError unless it retries."""
+        decision = self.router.on_failure(request_id, stage, exc.kind, attempt, failed or exc.instance, self.clock())
+        if decision.action == "fail":
+            raise GatewayError(decision.message or str(exc), _http_kind(decision.error_kind))
+        return exclude | decision.exclude, attempt + 1
+
+    # ---- colocated ---------------------------------------------------------------------------
+    async def _colocated(self, request_id: str, ids: list[int], sampling: SamplingInputs):
+        exclude: frozenset[str] = frozenset()
+        attempt = 1
+        while True:
+            route = self.router.pick_colocated(request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude)
+            if route is None:
+                raise GatewayError("no colocated instance can take this request now; retry later", "unavailable")
+            streamed = False
+            try:
+                async for chunk in self.clients[route.instance].stream(f"{request_id}-c{attempt}", "", ids, sampling):
+                    if chunk.token_ids or chunk.final:
+                        streamed = streamed or bool(chunk.token_ids)
+                        yield Generated(chunk.token_ids, chunk.perf, None, route.instance)
+                return
+            except RoleError as exc:
+                if streamed:
+                    raise GatewayError(f"instance {route.instance} failed mid-stream: {exc}",
+                                       _http_kind(exc.kind)) from None
+                exclude, attempt = self._decide(request_id, "decode", exc, attempt, exclude)
+
+
+def _http_kind(kind: str) -> str:
+    return kind if kind in ("invalid_arg", "unavailable", "internal") else "internal"
+
+
+__all__ = ["FleetOrchestrator", "Generated", "GatewayError", "RoleChunk"]

@@ -1,0 +1,144 @@
+"""One sub-request to a role instance over Triton's gRPC stream (tritonclient.grpc.aio).
+
+The tensors and parameters are the ones the in-server orchestrator sends (trtpd/serving/bls_model.py):
+TensorRT-LLM's `tensorrt_llm` interface, `request_type` context_only / generation_only, the signed
+`context_phase_params` handle, and the orchestrator's `trtpd_auth` token that role models require.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc.aio as grpcaio
+from tritonclient.utils import InferenceServerException
+
+from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
+from trtpd.serving import error_kinds
+
+PERF_NAMES = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
+OUTPUTS = ("output_ids", "sequence_length", "context_phase_params") + PERF_NAMES
+_DTYPES = {np.int32: "INT32", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL", np.uint8: "UINT8"}
+
+
+class RoleError(Exception):
+    """A sub-request failed; `kind` says whose fault: invalid_arg (the client), unavailable (the instance is
+    gone or refused for now), internal (a server fault)."""
+
+    def __init__(self, message: str, kind: str, instance: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.instance = instance
+
+
+@dataclass
+class SamplingInputs:
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    end_id: int = -1
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        return {"request_output_len": np.array([[self.max_new_tokens]], np.int32),
+                "end_id": np.array([[self.end_id]], np.int32),
+                "temperature": np.array([[self.temperature]], np.float32),
+                "runtime_top_p": np.array([[self.top_p]], np.float32),
+                "runtime_top_k": np.array([[self.top_k]], np.int32),
+                "seed": np.array([[self.seed]], np.uint64),
+                "streaming": np.array([[True]], np.bool_)}
+
+
+@dataclass
+class RoleChunk:
+    """One streamed response of a role instance."""
+
+    token_ids: list[int]
+    handle: bytes | None = None
+    perf: dict[str, float] = field(default_factory=dict)
+    final: bool = False
+
+
+def _role_error(message: str, instance: str) -> RoleError:
+    """The role model's own verdict travels as a tag in the message (trtpd/serving/error_kinds.py); an untagged
+    error came from Triton itself (model gone, stream broken): the instance is unavailable."""
+    text, kind = error_kinds.parse(message)
+    return RoleError(text, kind or "unavailable", instance)
+
+
+def _infer_inputs(tensors: dict[str, np.ndarray]) -> list:
+    inputs = []
+    for name, value in tensors.items():
+        t = grpcaio.InferInput(name, list(value.shape), _DTYPES[value.dtype.type])
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+    return inputs
+
+
+class RoleClient:
+    """A gRPC connection to one instance (kept open; calls multiplex over it)."""
+
+    def __init__(self, name: str, url: str, model: str, key: bytes) -> None:
+        self.name = name
+        self.model = model
+        self.key = key
+        self.client = grpcaio.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def stream(self, request_id: str, request_type: str, prompt_ids: list[int], sampling: SamplingInputs,
+                     handle: bytes | None = None, layerwise: bool = True) -> AsyncIterator[RoleChunk]:
+        """Sends one request and yields its responses until the final one; cancels it if the consumer stops."""
+        ids = np.array([prompt_ids], dtype=np.int32)
+        tensors = {"input_ids": ids, "input_lengths": np.array([[len(prompt_ids)]], np.int32), **sampling.tensors()}
+        if handle is not None:
+            tensors["context_phase_params"] = np.frombuffer(handle, dtype=np.uint8).reshape(1, -1)
+        params = {AUTH_PARAMETER: orchestrator_token(self.key, request_type, ids, time.time())}
+        if request_type:
+            params["request_type"] = request_type
+        if request_type == "context_only" and layerwise:
+            params["layerwise_kv_transfer"] = True
+        done = asyncio.Event()
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": _infer_inputs(tensors), "request_id": request_id,
+                   "parameters": params, "enable_empty_final_response": True,
+                   "outputs": [grpcaio.InferRequestedOutput(n) for n in OUTPUTS]}
+            await done.wait()    # keep the stream open until the final response came
+
+        responses = self.client.stream_infer(inputs_iterator=requests())
+        try:
+            async for result, error in responses:
+                if error is not None:
+                    message = error.message() if isinstance(error, InferenceServerException) else str(error)
+                    raise _role_error(message, self.name)
+                yield _chunk(result)
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    return
+            raise RoleError(f"instance {self.name} closed the stream before the final response", "unavailable",
+                            self.name)
+        except InferenceServerException as exc:   # connection refused, instance gone
+            raise RoleError(f"instance {self.name}: {exc.message()}", "unavailable", self.name) from None
+        finally:
+            done.set()
+            responses.cancel()
+
+
+def _chunk(result) -> RoleChunk:
+    ids = result.as_numpy("output_ids")
+    handle = result.as_numpy("context_phase_params")
+    perf = {}
+    for name in PERF_NAMES:
+        value = result.as_numpy(name)
+        if value is not None and value.size:
+            perf[name] = float(value.reshape(-1)[0])
+    final = result.get_response().parameters.get("triton_final_response")
+    return RoleChunk([] if ids is None else [int(t) for t in ids.reshape(-1)],
+                     None if handle is None or not handle.size else handle.astype(np.uint8).tobytes(), perf,
+                     bool(final is not None and final.bool_param))
