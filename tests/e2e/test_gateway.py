@@ -1,0 +1,151 @@
+"""The OpenAI-compatible gateway in front of a real fleet (each role its own tritonserver), through the
+official `openai` client: greedy text equals the single-server ensemble's, usage is right, bad input
+gets OpenAI errors, a client that goes away frees its KV, and with 2P+2D every instance serves."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import httpx
+import openai
+import pytest
+
+from trtpd.bench.prompts import prompt_with_tokens
+from trtpd.fleet import records
+from trtpd.fleet.launcher import fleet_down, fleet_up
+from trtpd.gateway.process import start_gateway
+from trtpd.repo.reference import ReferenceDeployment
+
+pytestmark = pytest.mark.e2e
+
+LENGTHS = [1, 2, 17, 33, 100, 257, 511, 800, 1100, 1500]
+MAX_TOKENS = 16
+EOS = 2
+
+
+def _fleet_with_gateway(name: str, spec: ReferenceDeployment, **counts):
+    fleet = fleet_up(name, spec, replace=True, **counts)
+    try:
+        fleet.gateway = start_gateway(name, fleet.folder / "gateway")
+        fleet.save()
+        yield fleet
+    finally:
+        fleet_down(name)
+
+
+@pytest.fixture(scope="module")
+def gw_1p1d(trtpd_home, fp16_root):
+    yield from _fleet_with_gateway("gw-1p1d", ReferenceDeployment(fp16_root), prefill=1, decode=1)
+
+
+def client_for(fleet, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key="none", max_retries=0, **kw)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    # prompt_with_tokens counts BOS: the gateway tokenizes text the same way the ensemble's preprocessing does
+    return {n: prompt_with_tokens(tokenizer, n, seed=100 + n) for n in LENGTHS if n > 1}
+
+
+def ensemble_text(server, prompt: str) -> str:
+    status, [body] = server.generate({"text_input": prompt, "max_tokens": MAX_TOKENS, "end_id": EOS})
+    assert status == 200, body
+    return body["text_output"]
+
+
+def test_greedy_completions_equal_the_single_server_ensemble(gw_1p1d, fp16_disagg, prompts, tokenizer):
+    client = client_for(gw_1p1d)
+    for n, prompt in prompts.items():
+        whole = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        chunks = list(client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS,
+                                                temperature=0, stream=True, stream_options={"include_usage": True}))
+        expected = ensemble_text(fp16_disagg, prompt)
+        assert whole.choices[0].text == expected, n
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == expected, n
+        assert whole.usage.prompt_tokens == len(tokenizer.encode(prompt)) == n
+        assert 1 <= whole.usage.completion_tokens <= MAX_TOKENS
+        assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        assert whole.choices[0].finish_reason == ("length" if whole.usage.completion_tokens == MAX_TOKENS else "stop")
+
+
+def test_chat_completion_and_models(gw_1p1d):
+    client = client_for(gw_1p1d)
+    assert [m.id for m in client.models.list().data] == ["tiny-llama"]
+    reply = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hello!"}],
+                                           max_tokens=8, temperature=0)
+    assert reply.choices[0].message.role == "assistant" and reply.usage.completion_tokens <= 8
+    stream = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hello!"}],
+                                            max_tokens=8, temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == reply.choices[0].message.content
+
+
+@pytest.mark.parametrize("kwargs, status, fragment", [
+    ({"model": "nope", "prompt": "x"}, 404, "does not exist"),
+    ({"model": "tiny-llama", "prompt": "x", "n": 2}, 400, "n=2 is not supported"),
+    ({"model": "tiny-llama", "prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ({"model": "tiny-llama", "prompt": "word " * 3000}, 400, "over this model's limit"),
+])
+def test_bad_input_gets_an_openai_error_and_the_gateway_keeps_serving(gw_1p1d, kwargs, status, fragment):
+    client = client_for(gw_1p1d)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.completions.create(**kwargs)
+    assert err.value.status_code == status and fragment in err.value.message
+    assert client.completions.create(model="tiny-llama", prompt="still here", max_tokens=2).usage.completion_tokens
+
+
+def _instance_blocks(fleet) -> dict[str, float]:
+    out = {}
+    for inst in fleet.instances:
+        text = urllib.request.urlopen(inst.metrics_url, timeout=5).read().decode()
+        for line in text.splitlines():
+            if line.startswith("nv_trt_llm_kv_cache_block_metrics{") and 'kv_cache_block_type="free"' in line:
+                out[inst.name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} within {timeout_s} s")
+
+
+def test_a_client_that_goes_away_mid_stream_frees_its_kv_at_once(gw_1p1d, prompts):
+    baseline = _instance_blocks(gw_1p1d)
+    url = f"http://127.0.0.1:{gw_1p1d.gateway['port']}/v1/completions"
+    body = {"model": "tiny-llama", "prompt": prompts[511], "max_tokens": 1000, "temperature": 0, "stream": True}
+    with httpx.stream("POST", url, json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]      # a few tokens in, then hang up
+    assert any(g.startswith("data:") for g in got)
+    # decode's blocks return long before 1,000 tokens could have been generated (and prefill's once pulled)
+    _wait_for(lambda: _instance_blocks(gw_1p1d) == baseline, 10.0, "KV blocks did not return to baseline")
+
+
+@pytest.fixture(scope="module")
+def gw_2p2d(trtpd_home, fp16_root):
+    yield from _fleet_with_gateway("gw-2p2d", ReferenceDeployment(fp16_root), prefill=2, decode=2)
+
+
+def test_2p2d_every_instance_serves_and_their_metrics_differ(gw_2p2d, prompts):
+    client = client_for(gw_2p2d)
+    for i in range(12):
+        client.completions.create(model="tiny-llama", prompt=prompts[[17, 100, 257][i % 3]], max_tokens=4)
+    served = {}
+    for inst in gw_2p2d.instances:
+        text = urllib.request.urlopen(inst.metrics_url, timeout=5).read().decode()
+        lines = [line for line in text.splitlines() if line.startswith("nv_trt_llm_request_metrics{")
+                 and 'request_type="completed"' in line]
+        assert lines and f'instance="{inst.name}"' in lines[0], lines
+        served[inst.name] = float(lines[0].rsplit(" ", 1)[1])
+    assert all(count > 0 for count in served.values()), served
+    health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{gw_2p2d.gateway['port']}/health").read())
+    assert health["status"] == "ok" and sorted(i["name"] for i in health["instances"]) == sorted(served)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{gw_2p2d.gateway['port']}/metrics").read().decode()
+    assert "trtpd_gateway_ttft_seconds_count 12.0" in metrics
+    assert 'trtpd_gateway_ttft_breakdown_seconds_count{phase="prefill_compute"}' in metrics
