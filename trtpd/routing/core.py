@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Iterable, Literal
 
 from trtpd.routing.failures import FailureDecision, check_failure, decide_failure, no_alternative
@@ -124,22 +125,24 @@ class _Slot:
     """One instance: its snapshot, its router-side override and what this router sent there."""
 
     __slots__ = ("name", "view", "order_key", "override", "override_s", "capacity_tokens",
-                 "snapshot_tokens", "pending_prompt_tokens", "reserved_kv_blocks", "num_requests")
+                 "pending_prompt_tokens", "reserved_kv_blocks", "num_requests", "queued_tokens", "sequences")
 
     def __init__(self, view: InstanceView) -> None:
         self.name = view.name
         self.order_key = name_order_key(view.name)
         self.override: str | None = None
         self.override_s = 0.0
-        self.pending_prompt_tokens = 0
-        self.reserved_kv_blocks = 0
-        self.num_requests = 0
+        self.pending_prompt_tokens = 0     # sent by this router, not yet prefill_done
+        self.reserved_kv_blocks = 0        # sent by this router, not yet released
+        self.num_requests = 0              # decode/colocated requests sent, not yet released
         self.set_view(view)
 
     def set_view(self, view: InstanceView) -> None:
+        """Kept up to date with every hold (the picks compare these): snapshot + this router's."""
         self.view = view
         self.capacity_tokens = view.max_kv_blocks * view.tokens_per_block if view.max_kv_blocks > 0 else NO_LIMIT
-        self.snapshot_tokens = view.queued_prompt_tokens
+        self.queued_tokens = view.queued_prompt_tokens + self.pending_prompt_tokens
+        self.sequences = view.active + view.waiting + self.num_requests
 
     @property
     def state(self) -> str:
@@ -171,14 +174,31 @@ class _Request:
         slot = self.prefill_slot
         if slot is not None:
             slot.pending_prompt_tokens -= self.prefill_tokens
+            slot.queued_tokens -= self.prefill_tokens
             self.prefill_slot, self.prefill_tokens = None, 0
+
+    def hold_prefill(self, slot: _Slot, num_tokens: int) -> None:
+        self.drop_prefill()
+        self.prefill_slot, self.prefill_tokens = slot, num_tokens
+        slot.pending_prompt_tokens += num_tokens
+        slot.queued_tokens += num_tokens
 
     def drop_kv(self) -> None:
         slot = self.kv_slot
         if slot is not None:
             slot.reserved_kv_blocks -= self.kv_blocks
             slot.num_requests -= 1
+            slot.sequences -= 1
             self.kv_slot, self.kv_blocks = None, 0
+
+    def hold_kv(self, slot: _Slot, num_tokens: int) -> None:
+        """Reserves KV blocks for num_tokens (prompt + max_new_tokens) at slot."""
+        self.drop_kv()
+        blocks = slot.blocks_for(num_tokens)
+        self.kv_slot, self.kv_blocks = slot, blocks
+        slot.reserved_kv_blocks += blocks
+        slot.num_requests += 1
+        slot.sequences += 1
 
 
 class Router:
@@ -191,6 +211,7 @@ class Router:
         self._bucket_max_tokens = [max_tokens for max_tokens, _ in policy.prefill_buckets]
         self._bucket_groups: list[list[_Slot]] = []     # per bucket: its instances and the unbucketed ones
         self._open_group: list[_Slot] = []             # unbucketed prefill instances (serve every length)
+        self._capacity_floor = {role: NO_LIMIT for role in ROLES}   # the smallest routable instance, per role
         self._round_robin = {role: 0 for role in ROLES}
 
     # -- snapshot and states -----------------------------------------------------------------------
@@ -246,6 +267,7 @@ class Router:
         for role in ROLES:
             self._routable[role] = sorted((s for s in self._slots.values() if s.view.role == role
                                            and s.state == "ready"), key=lambda s: s.order_key)
+            self._capacity_floor[role] = min((s.capacity_tokens for s in self._routable[role]), default=NO_LIMIT)
         prefill = self._routable["prefill"]
         bucketed = {name for _, names in self.policy.prefill_buckets for name in names}
         self._open_group = [s for s in prefill if s.name not in bucketed]
@@ -267,15 +289,13 @@ class Router:
         exclude = exclude | request.excluded if request.excluded else exclude
         slot = None
         for group in self._prefill_groups(num_prompt_tokens):
-            slot = self._choose_prefill(group, num_prompt_tokens, exclude)
+            slot = self._choose_prefill(group, "prefill", num_prompt_tokens, exclude)
             if slot is not None:
                 break
         if slot is None:
             self._forget_if_idle(request_id, request)
             return None
-        request.drop_prefill()
-        request.prefill_slot, request.prefill_tokens = slot, num_prompt_tokens
-        slot.pending_prompt_tokens += num_prompt_tokens
+        request.hold_prefill(slot, num_prompt_tokens)
         request.prefill_attempts += 1
         return Route(request_id, slot.name, request.prefill_attempts)
 
@@ -292,7 +312,7 @@ class Router:
             self._forget_if_idle(request_id, request)
             return None
         request.max_new_tokens = max_new_tokens
-        self._reserve_kv(request, slot, num_tokens)
+        request.hold_kv(slot, num_tokens)
         request.decode_attempts += 1
         return Route(request_id, slot.name, request.decode_attempts)
 
@@ -304,15 +324,13 @@ class Router:
         request = self._request(request_id, num_prompt_tokens)
         exclude = exclude | request.excluded if request.excluded else exclude
         num_tokens = num_prompt_tokens + max_new_tokens
-        slot = self._choose_prefill(self._routable["colocated"], num_tokens, exclude)
+        slot = self._choose_prefill(self._routable["colocated"], "colocated", num_tokens, exclude)
         if slot is None:
             self._forget_if_idle(request_id, request)
             return None
         request.max_new_tokens = max_new_tokens
-        request.drop_prefill()
-        request.prefill_slot, request.prefill_tokens = slot, num_prompt_tokens
-        slot.pending_prompt_tokens += num_prompt_tokens
-        self._reserve_kv(request, slot, num_tokens)
+        request.hold_prefill(slot, num_prompt_tokens)
+        request.hold_kv(slot, num_tokens)
         request.prefill_attempts += 1
         return Route(request_id, slot.name, request.prefill_attempts)
 
@@ -327,68 +345,39 @@ class Router:
         if request.prefill_attempts == 0 and request.decode_attempts == 0 and not request.excluded:
             del self._requests[request_id]
 
-    @staticmethod
-    def _reserve_kv(request: _Request, slot: _Slot, num_tokens: int) -> None:
-        request.drop_kv()
-        blocks = slot.blocks_for(num_tokens)
-        request.kv_slot, request.kv_blocks = slot, blocks
-        slot.reserved_kv_blocks += blocks
-        slot.num_requests += 1
-
     def _prefill_groups(self, num_prompt_tokens: int) -> list[list[_Slot]]:
-        i = bisect_left(self._bucket_max_tokens, num_prompt_tokens)
+        i = bisect_left(self._bucket_max_tokens, num_prompt_tokens) if self._bucket_max_tokens else 0
         if i == len(self._bucket_groups):
             return [self._open_group]
         if self.policy.spill_to_longer_buckets:
             return self._bucket_groups[i:] + [self._open_group]
         return [self._bucket_groups[i]]
 
-    def _choose_prefill(self, group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> _Slot | None:
-        """Least queued prompt tokens; tie: fewer waiting in the snapshot, then name (the group is in name order)."""
+    def _choose_prefill(self, group: list[_Slot], role: str, num_tokens: int,
+                        exclude: frozenset[str]) -> _Slot | None:
+        """Least queued prompt tokens; tie: name (the group is in name order and min keeps the first)."""
         if self.policy.balance == "round_robin":
             return self._next_round_robin(group, num_tokens, exclude)
-        best: _Slot | None = None
-        best_tokens = 0
-        for slot in group:
-            if slot.capacity_tokens < num_tokens or (exclude and slot.name in exclude):
-                continue
-            tokens = slot.snapshot_tokens + slot.pending_prompt_tokens
-            if best is None or tokens < best_tokens or (tokens == best_tokens and
-                                                        slot.view.waiting < best.view.waiting):
-                best, best_tokens = slot, tokens
-        return best
+        if exclude or num_tokens > self._capacity_floor[role]:
+            group = _fitting(group, num_tokens, exclude)
+        return min(group, key=_QUEUED_TOKENS) if group else None
 
     def _choose_decode(self, group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> _Slot | None:
+        """Most free KV blocks after reservations, tie: fewer active sequences, then name; or the fewest
+        sequences (decode_load="sequences")."""
         if self.policy.balance == "round_robin":
             return self._next_round_robin(group, num_tokens, exclude)
+        if exclude or num_tokens > self._capacity_floor["decode"]:
+            group = _fitting(group, num_tokens, exclude)
+        if not group:
+            return None
         if self.policy.decode_load == "sequences":
-            return self._fewest_sequences(group, num_tokens, exclude)
-        best: _Slot | None = None
-        best_free = best_active = 0
-        for slot in group:
-            if slot.capacity_tokens < num_tokens or (exclude and slot.name in exclude):
-                continue
-            free = slot.view.free_kv_blocks - slot.reserved_kv_blocks
-            active = slot.view.active + slot.num_requests
-            if best is None or free > best_free or (free == best_free and active < best_active):
-                best, best_free, best_active = slot, free, active
-        return best
-
-    @staticmethod
-    def _fewest_sequences(group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> _Slot | None:
-        best: _Slot | None = None
-        best_sequences = 0
-        for slot in group:
-            if slot.capacity_tokens < num_tokens or (exclude and slot.name in exclude):
-                continue
-            sequences = slot.view.active + slot.view.waiting + slot.num_requests
-            if best is None or sequences < best_sequences:
-                best, best_sequences = slot, sequences
-        return best
+            return min(group, key=_SEQUENCES)
+        return min(group, key=_decode_rank)
 
     def _next_round_robin(self, group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> _Slot | None:
         """The role's next instance in name order, among those that can take the request."""
-        fits = [s for s in group if s.capacity_tokens >= num_tokens and not (exclude and s.name in exclude)]
+        fits = _fitting(group, num_tokens, exclude)
         if not fits:
             return None
         role = fits[0].view.role
@@ -419,7 +408,8 @@ class Router:
         bounded by the policy, exclude every instance that failed this request, and become "fail" when no
         other instance is available; invalid_arg is never retried. An instance gone ("unavailable") is
         marked unhealthy until an update() later than now_s says otherwise. The failed stage's
-        accounting is dropped; on "fail" the caller still calls release()."""
+        accounting is dropped (a colocated request's both holds); on "fail" the caller still calls
+        release(). A colocated request's retry_prefill / retry_decode both mean pick_colocated again."""
         check_failure(stage, error_kind)
         request = self._requests.get(request_id)
         max_attempts = self.policy.max_decode_attempts if stage == "decode" else self.policy.max_prefill_attempts
@@ -452,3 +442,17 @@ class Router:
 
 def _any_fits(group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> bool:
     return any(s.capacity_tokens >= num_tokens and s.name not in exclude for s in group)
+
+
+def _fitting(group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> list[_Slot]:
+    return [s for s in group if s.capacity_tokens >= num_tokens and s.name not in exclude]
+
+
+_QUEUED_TOKENS = attrgetter("queued_tokens")
+_SEQUENCES = attrgetter("sequences")
+
+
+def _decode_rank(slot: _Slot) -> tuple[int, int]:
+    """Most free blocks after this router's reservations first, then fewer active sequences."""
+    view = slot.view
+    return slot.reserved_kv_blocks - view.free_kv_blocks, view.active + slot.num_requests

@@ -42,8 +42,8 @@ def test_new_snapshot_adds_to_the_pending_tokens():
     assert r.pick_prefill("b", 10, 1.0).instance == "prefill-0"      # 500 < 800
 
 
-def test_ties_go_to_fewer_waiting_then_by_name_numbers_as_numbers():
-    r = router([prefill("prefill-10"), prefill("prefill-2"), prefill("prefill-1", waiting=3)])
+def test_ties_go_by_name_numbers_as_numbers():
+    r = router([prefill("prefill-10"), prefill("prefill-2"), prefill("prefill-1", queued_prompt_tokens=1)])
     assert r.pick_prefill("a", 0, 0.0).instance == "prefill-2"
 
 
