@@ -126,6 +126,11 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
             text, reason = await _whole(request, stream)
         except GatewayError as exc:
             raise ApiError(str(exc), exc.kind) from None
+        except ApiError:
+            raise
+        except Exception as exc:
+            log.exception("request %s failed", shape.id)
+            raise ApiError(f"internal error: {type(exc).__name__}: {exc}", "internal") from None
         metrics.requests.labels(request.url.path, "200").inc()
         return shape.whole(text, reason, len(prompt_ids), stream.num_tokens)
 
@@ -144,6 +149,10 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
             status = STATUS.get(exc.kind, 500)
             metrics.requests.labels(path, str(status)).inc()
             yield sse(error_body(str(exc), ERROR_TYPES[status]))
+        except Exception as exc:   # never a silently truncated stream: the client hears that it failed
+            log.exception("request %s failed", shape.id)
+            metrics.requests.labels(path, "500").inc()
+            yield sse(error_body(f"internal error: {type(exc).__name__}: {exc}", ERROR_TYPES[500]))
         yield DONE
 
     return app

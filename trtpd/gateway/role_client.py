@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
@@ -125,6 +126,9 @@ class RoleClient:
                             self.name)
         except InferenceServerException as exc:   # connection refused, instance gone
             raise RoleError(f"instance {self.name}: {exc.message()}", "unavailable", self.name) from None
+        except grpc.RpcError as exc:   # the stream broke (the instance's server died mid-request)
+            details = exc.details() if hasattr(exc, "details") else str(exc)
+            raise RoleError(f"instance {self.name}: the stream broke ({details})", "unavailable", self.name) from None
         finally:
             done.set()
             responses.cancel()
