@@ -19,4 +19,23 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -c "import torch, tritonclient.grpc, pytriton, trtpd" 
   echo "$want" > "$stamp"
 fi
+# Debian's prometheus package (Prometheus 2.42 + promtool) for trtpd.observability and its tests. Only the
+# binaries are wanted: policy-rc.d keeps apt from starting the Debian service. Without apt or root, say so and
+# go on (the Prometheus tests then fail, naming /usr/bin/prometheus).
+if [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing Debian's prometheus package (apt-get)"
+    own_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
+    fi
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends prometheus >/dev/null; } 2>&1 | grep -vE "^debconf|invoke-rc.d|policy-rc.d|^$" || true
+    [ -n "$own_policy" ] && rm -f /usr/sbin/policy-rc.d
+    [ -x /usr/bin/prometheus ] || echo "[setup] WARNING: apt-get could not install prometheus; /usr/bin/prometheus is missing (the Prometheus tests will fail)"
+  else
+    echo "[setup] WARNING: /usr/bin/prometheus is missing and apt-get is not usable here (need root + apt);" \
+         "install Debian's prometheus package by hand (the Prometheus tests will fail without it)"
+  fi
+fi
 echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch;print("torch", torch.__version__)'))"
