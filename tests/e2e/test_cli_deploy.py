@@ -43,3 +43,29 @@ def test_up_status_bench_down(tmp_path, fp16_root):
     assert down.returncode == 0 and "stopped cli" in down.stdout
     assert "no deployments" in trtpd("status", env=env).stdout
     assert trtpd("down", "--name", "cli", env=env).returncode == 2
+
+
+def test_fleet_up_prints_the_openai_url_and_down_stops_every_process(tmp_path, fp16_root):
+    import re
+
+    import openai
+
+    from trtpd.serving.stub_watch import is_running
+
+    env = {**os.environ, "TRTPD_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    up = trtpd("up", "--fleet", "--prefill", "1", "--decode", "1", "--name", "fl", "--engines", str(fp16_root), env=env)
+    assert up.returncode == 0, up.stderr
+    try:
+        url = re.search(r"OpenAI API\s+(http://127\.0\.0\.1:\d+/v1)", up.stdout).group(1)
+        reply = openai.OpenAI(base_url=url, api_key="none", max_retries=0).completions.create(
+            model="tiny-llama", prompt="Hello", max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens == 3
+        rows = json.loads(trtpd("status", "--name", "fl", "--json", env=env).stdout)
+        fleet = next(r for r in rows if r.get("kind") == "fleet")
+        assert [i["state"] for i in fleet["instances"]] == ["ready", "ready"] and fleet["gateway"]["port"]
+        pids = [(i["pid"], i["start_time"]) for i in fleet["instances"]]
+        pids.append((fleet["gateway"]["pid"], fleet["gateway"]["start_time"]))
+    finally:
+        down = trtpd("down", "--name", "fl", env=env)
+    assert down.returncode == 0, down.stderr
+    assert not [p for p in pids if is_running(*p)]    # both instances and the gateway

@@ -18,7 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=a.port, help="(default: a free port)")
     p.add_argument("--replace", action="store_true", help="stop a running deployment of the same name first")
     p.add_argument("--fleet", action="store_true",
-                   help="one tritonserver per instance (own ports, state folder and cores) instead of one server")
+                   help="one tritonserver per instance (own ports, state folder and cores) instead of one server, "
+                        "behind an OpenAI-compatible gateway")
+    p.add_argument("--gateway-port", type=a.port, default=0, help="--fleet: the gateway's port (default: a free one)")
+    p.add_argument("--api-key-file", help="--fleet: the gateway requires one of the keys in this file (one per line; "
+                                          "default: no key)")
     add_reference_args(p)
     for role in ("prefill", "decode", "colocated"):   # short forms for --fleet; the same settings
         p.add_argument(f"--{role}", dest=f"{role}_instances", type=a.positive_int, default=argparse.SUPPRESS,
@@ -32,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.fleet:
         return run_fleet(args)
+    if args.gateway_port or args.api_key_file:
+        raise a.ConfigError("--gateway-port and --api-key-file need --fleet (the single server has no gateway)")
     from trtpd.fleet.records import is_fleet
     if is_fleet(args.name):
         raise a.ConfigError(f"{args.name!r} is a fleet; `trtpd down --name {args.name}` first, or choose another --name")
@@ -58,6 +64,8 @@ def run_fleet(args: argparse.Namespace) -> int:
 
     a.refuse_given(args, ("http_port", "grpc_port", "metrics_port"), "not used by --fleet (each instance gets "
                                                                      "free ports of its own)")
+    from trtpd.fleet.launcher import fleet_down
+    from trtpd.gateway.process import start_gateway
     mode = "colocated" if args.mode == "colocated" or "colocated_instances" in a.given(args) else "disaggregated"
     if mode == "colocated" and args.mode != "colocated" and "mode" in a.given(args):
         a.refuse_given(args, ("colocated_instances",), f"not used by --mode {args.mode}")
@@ -67,7 +75,16 @@ def run_fleet(args: argparse.Namespace) -> int:
     print(f"starting {mode} fleet {args.name!r} ({', '.join(f'{n} {r}' for r, n in counts.items())}; "
           f"decode first) ...", flush=True)
     fleet = fleet_up(args.name, spec, replace=args.replace, **counts)
+    try:
+        fleet.gateway = start_gateway(fleet.name, fleet.folder / "gateway", port=args.gateway_port,
+                                      api_key_file=args.api_key_file)
+        fleet.save()
+    except BaseException:
+        fleet_down(fleet.name)
+        raise
     print(f"ready: {fleet.name} ({fleet.mode} fleet, {len(fleet.instances)} instances, key {fleet.key_file})")
+    print(f"  OpenAI API   http://127.0.0.1:{fleet.gateway['port']}/v1   (gateway pid {fleet.gateway['pid']}; "
+          f"/health, /metrics)")
     for i in fleet.instances:
         s = i.server
         print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  gRPC {i.grpc_url}  HTTP http://{i.http_url}  "

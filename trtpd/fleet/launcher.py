@@ -184,19 +184,11 @@ def _signal(pid: int, sig: int) -> None:
 def _stop_gateway(gateway: dict | None, timeout_s: float) -> list[str]:
     if not gateway or not gateway.get("pid"):
         return []
-    pid, started = int(gateway["pid"]), gateway.get("start_time")
-    if not started:
-        return [f"gateway pid {pid}: no start time recorded, so it cannot be told from a reused pid; not signalled"]
-    if not stub_watch.is_running(pid, int(started)):
-        return []
-    _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while stub_watch.is_running(pid, int(started)) and time.monotonic() < deadline:
-        _reap(pid)
-        time.sleep(0.05)
-    if stub_watch.is_running(pid, int(started)):
-        _signal(pid, signal.SIGKILL)
-    _reap(pid)
+    if not gateway.get("start_time"):
+        return [f"gateway pid {gateway['pid']}: no start time recorded, so it cannot be told from a reused pid; "
+                f"not signalled"]
+    from trtpd.gateway.process import stop_gateway
+    stop_gateway(gateway, timeout_s)
     return []
 
 
