@@ -31,21 +31,38 @@ class RequestResult:
     request_id: str
     num_prompt_tokens: int
     sent_s: float = 0.0
-    token_times_s: list[float] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)   # one per streamed token (or OpenAI chunk)
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     perf: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     done: bool = False
+    num_output_tokens: int = 0        # when known apart from the stream (OpenAI usage); 0: one per time stamp
 
     @property
     def ttft_s(self) -> float | None:
         return self.token_times_s[0] - self.sent_s if self.token_times_s else None
 
     @property
+    def num_tokens(self) -> int:
+        return self.num_output_tokens or len(self.token_times_s)
+
+    @property
     def tpot_s(self) -> float | None:
-        n = len(self.token_times_s)
-        return (self.token_times_s[-1] - self.token_times_s[0]) / (n - 1) if n > 1 else None
+        n = self.num_tokens
+        return (self.token_times_s[-1] - self.token_times_s[0]) / (n - 1) if n > 1 and self.token_times_s else None
+
+    @property
+    def gaps_s(self) -> list[float]:
+        """Inter-token latencies: the gaps between consecutive streamed tokens (or chunks)."""
+        t = self.token_times_s
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def worst_stall_s(self) -> float | None:
+        """The longest gap inside the request (where a long prefill freezes a colocated instance's streams)."""
+        gaps = self.gaps_s
+        return max(gaps) if gaps else None
 
 
 def make_inputs(prompt: str, max_tokens: int, stream: bool = True, end_id: int = -1) -> list:

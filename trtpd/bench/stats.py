@@ -26,6 +26,8 @@ class BenchSummary:
     num_errors: int
     ttft_s: Percentiles
     tpot_s: Percentiles
+    itl_s: Percentiles                  # every inter-token gap of every request, pooled
+    worst_stall_s: Percentiles          # each request's longest gap
     output_tokens_per_s: float
     requests_per_s: float
     duration_s: float
@@ -34,7 +36,8 @@ class BenchSummary:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["ttft_s"], d["tpot_s"] = self.ttft_s.as_dict(), self.tpot_s.as_dict()
+        for name in ("ttft_s", "tpot_s", "itl_s", "worst_stall_s"):
+            d[name] = getattr(self, name).as_dict()
         return d
 
 
@@ -45,7 +48,7 @@ def summarize(label: str, results: list[RequestResult], ttft_slo_s: float | None
     start = min((r.sent_s for r in results), default=0.0)
     end = max((r.token_times_s[-1] for r in ok), default=start)
     duration = max(end - start, 1e-9)
-    tokens = sum(len(r.token_ids) for r in ok)
+    tokens = sum(len(r.token_ids) or r.num_tokens for r in ok)
     attainment = None
     if ttft_slo_s is not None and tpot_slo_s is not None and results:
         met = sum(1 for r in ok if r.ttft_s <= ttft_slo_s and (r.tpot_s is None or r.tpot_s <= tpot_slo_s))
@@ -54,14 +57,15 @@ def summarize(label: str, results: list[RequestResult], ttft_slo_s: float | None
     breakdown = {k: float(np.mean([r.perf[k] for r in ok if k in r.perf])) for k in keys
                  if any(k in r.perf for r in ok)}
     return BenchSummary(label, len(results), errors, percentiles([r.ttft_s for r in ok]),
-                        percentiles([r.tpot_s for r in ok]), tokens / duration, len(ok) / duration, duration,
+                        percentiles([r.tpot_s for r in ok]), percentiles([g for r in ok for g in r.gaps_s]),
+                        percentiles([r.worst_stall_s for r in ok]), tokens / duration, len(ok) / duration, duration,
                         attainment, breakdown)
 
 
 def comparison_table(summaries: list[BenchSummary]) -> list[list[str]]:
     """Rows for a side-by-side table: metric, then one column per run."""
     rows = [["requests (errors)"] + [f"{s.num_requests} ({s.num_errors})" for s in summaries]]
-    for name, attr in (("TTFT", "ttft_s"), ("TPOT", "tpot_s")):
+    for name, attr in (("TTFT", "ttft_s"), ("ITL", "itl_s"), ("TPOT", "tpot_s"), ("worst stall", "worst_stall_s")):
         for p in ("p50", "p90", "p99"):
             rows.append([f"{name} {p.upper()} (ms)"] + [f"{getattr(getattr(s, attr), p) * 1000:.1f}" for s in summaries])
     rows.append(["output tokens/s"] + [f"{s.output_tokens_per_s:.1f}" for s in summaries])
