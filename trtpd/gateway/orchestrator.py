@@ -73,6 +73,8 @@ class FleetOrchestrator:
             try:
                 async for chunk in self.clients[decode.instance].stream(
                         f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle):
+                    if chunk.token_ids and not streamed:
+                        self.router.decode_started(request_id)   # its metrics count the request from now on
                     if chunk.token_ids or chunk.final:
                         streamed = streamed or bool(chunk.token_ids)
                         yield Generated(chunk.token_ids, {**perf, **chunk.perf}, prefill.instance, decode.instance)
@@ -114,6 +116,9 @@ class FleetOrchestrator:
             streamed = False
             try:
                 async for chunk in self.clients[route.instance].stream(f"{request_id}-c{attempt}", "", ids, sampling):
+                    if chunk.token_ids and not streamed:
+                        self.router.prefill_done(request_id)
+                        self.router.decode_started(request_id)
                     if chunk.token_ids or chunk.final:
                         streamed = streamed or bool(chunk.token_ids)
                         yield Generated(chunk.token_ids, chunk.perf, None, route.instance)

@@ -56,7 +56,7 @@ class FleetService:
         self.metrics = GatewayMetrics()
         self.tokenizer = load_text_tokenizer(config.tokenizer_dir)
         self.key = load_or_create_key_file(config.key_file)
-        self.router = Router(policy or RoutingPolicy())
+        self.router = Router(policy or RoutingPolicy(tie_break="least_recent"))
         self.clients: dict[str, RoleClient] = {}
         self.orchestrator: FleetOrchestrator | None = None
         self.num_queued = 0

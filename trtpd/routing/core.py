@@ -76,6 +76,9 @@ class RoutingPolicy:
     # a prompt whose bucket group has no instance available may use the next longer buckets' groups
     # (never a shorter one); off: it gets None (the caller answers 503)
     spill_to_longer_buckets: bool = False
+    # equal loads: the first by name (reproducible runs; the simulator), or the one picked least recently
+    # (live traffic: idle instances take turns instead of the first one taking every sequential request)
+    tie_break: Literal["name", "least_recent"] = "name"
 
     def __post_init__(self) -> None:
         if self.max_prefill_attempts < 1 or self.max_decode_attempts < 1:
@@ -84,6 +87,8 @@ class RoutingPolicy:
             raise ValueError(f"unknown balance {self.balance!r}; expected least_loaded or round_robin")
         if self.decode_load not in ("free_kv_blocks", "sequences"):
             raise ValueError(f"unknown decode_load {self.decode_load!r}; expected free_kv_blocks or sequences")
+        if self.tie_break not in ("name", "least_recent"):
+            raise ValueError(f"unknown tie_break {self.tie_break!r}; expected name or least_recent")
         _check_buckets(self.prefill_buckets)
 
 
@@ -125,7 +130,8 @@ class _Slot:
     """One instance: its snapshot, its router-side override and what this router sent there."""
 
     __slots__ = ("name", "view", "order_key", "override", "override_s", "capacity_tokens",
-                 "pending_prompt_tokens", "reserved_kv_blocks", "num_requests", "queued_tokens", "sequences")
+                 "pending_prompt_tokens", "reserved_kv_blocks", "num_requests", "queued_tokens", "sequences",
+                 "last_pick")
 
     def __init__(self, view: InstanceView) -> None:
         self.name = view.name
@@ -135,6 +141,7 @@ class _Slot:
         self.pending_prompt_tokens = 0     # sent by this router, not yet prefill_done
         self.reserved_kv_blocks = 0        # sent by this router, not yet released
         self.num_requests = 0              # decode/colocated requests sent, not yet released
+        self.last_pick = 0                 # when this router last picked it (tie_break="least_recent")
         self.set_view(view)
 
     def set_view(self, view: InstanceView) -> None:
@@ -213,6 +220,7 @@ class Router:
         self._open_group: list[_Slot] = []             # unbucketed prefill instances (serve every length)
         self._capacity_floor = {role: NO_LIMIT for role in ROLES}   # the smallest routable instance, per role
         self._round_robin = {role: 0 for role in ROLES}
+        self._num_picks = 0
 
     # -- snapshot and states -----------------------------------------------------------------------
     def update(self, views: Iterable[InstanceView], now_s: float) -> None:
@@ -295,6 +303,7 @@ class Router:
         if slot is None:
             self._forget_if_idle(request_id, request)
             return None
+        self._note_pick(slot)
         request.hold_prefill(slot, num_prompt_tokens)
         request.prefill_attempts += 1
         return Route(request_id, slot.name, request.prefill_attempts)
@@ -311,6 +320,7 @@ class Router:
         if slot is None:
             self._forget_if_idle(request_id, request)
             return None
+        self._note_pick(slot)
         request.max_new_tokens = max_new_tokens
         request.hold_kv(slot, num_tokens)
         request.decode_attempts += 1
@@ -330,6 +340,7 @@ class Router:
             return None
         request.max_new_tokens = max_new_tokens
         request.hold_prefill(slot, num_prompt_tokens)
+        self._note_pick(slot)
         request.hold_kv(slot, num_tokens)
         request.prefill_attempts += 1
         return Route(request_id, slot.name, request.prefill_attempts)
@@ -360,7 +371,11 @@ class Router:
             return self._next_round_robin(group, num_tokens, exclude)
         if exclude or num_tokens > self._capacity_floor[role]:
             group = _fitting(group, num_tokens, exclude)
-        return min(group, key=_QUEUED_TOKENS) if group else None
+        if not group:
+            return None
+        if self.policy.tie_break == "least_recent":
+            return min(group, key=lambda s: (s.queued_tokens, s.last_pick))
+        return min(group, key=_QUEUED_TOKENS)
 
     def _choose_decode(self, group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> _Slot | None:
         """Most free KV blocks after reservations, tie: fewer active sequences, then name; or the fewest
@@ -371,9 +386,10 @@ class Router:
             group = _fitting(group, num_tokens, exclude)
         if not group:
             return None
-        if self.policy.decode_load == "sequences":
-            return min(group, key=_SEQUENCES)
-        return min(group, key=_decode_rank)
+        rank = _SEQUENCES if self.policy.decode_load == "sequences" else _decode_rank
+        if self.policy.tie_break == "least_recent":
+            return min(group, key=lambda s: (rank(s), s.last_pick))
+        return min(group, key=rank)
 
     def _next_round_robin(self, group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> _Slot | None:
         """The role's next instance in name order, among those that can take the request."""
@@ -385,7 +401,19 @@ class Router:
         self._round_robin[role] = turn + 1
         return fits[turn % len(fits)]
 
+    def _note_pick(self, slot: _Slot) -> None:
+        self._num_picks += 1
+        slot.last_pick = self._num_picks
+
     # -- bookkeeping -------------------------------------------------------------------------------
+    def decode_started(self, request_id: str) -> None:
+        """The decode instance admitted the request (its first token came): the instance's own metrics now
+        count its KV blocks and sequence, so this router's reservation for it is dropped (else it would be
+        counted twice until release)."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            request.drop_kv()
+
     def prefill_done(self, request_id: str) -> None:
         """The prefill (or colocated) instance answered: the request's prompt tokens leave its queue."""
         request = self._requests.get(request_id)

@@ -98,18 +98,19 @@ def test_scattered_block_table_equals_contiguous(model):
 
 
 def test_corrupting_one_cached_block_changes_the_output(model):
-    """The context matters: a wrong KV block must show (so transfer bugs cannot hide)."""
+    """The context matters: a wrong KV block must show (so transfer bugs cannot hide). The corruption is
+    seeded and the check is on the logits, so it holds on every run (12 greedy tokens can hide it)."""
     prompt = prompts(lengths=(200,))[0]
     pool = KvPool(KvLayout.for_model(SPEC, "fp16", 32), 16)
     table = list(range(8))
-    clean = generate(model, pool, prompt, table, 12)
     model.forward([SeqChunk(prompt, 0, table)], pool)
-    pool.layers[1][2].normal_()   # block 2 of layer 1: tokens 64..95
-    first = int(model.forward([SeqChunk(prompt[-1:], len(prompt) - 1, table)], pool)[0].argmax())
-    out = [first]
-    for i in range(12):
-        out.append(int(model.forward([SeqChunk([out[-1]], len(prompt) + i, table)], pool)[0].argmax()))
-    assert out != clean
+    last = SeqChunk(prompt[-1:], len(prompt) - 1, table)
+    clean = model.forward([last], pool)[0]
+    gen = torch.Generator().manual_seed(7)
+    block = pool.layers[1][2]        # block 2 of layer 1: tokens 64..95
+    block.copy_(torch.randn(block.shape, generator=gen).to(block.dtype))
+    corrupted = model.forward([last], pool)[0]
+    assert float((corrupted - clean).abs().max()) > 1e-2
 
 
 def test_fp8_cache_stores_one_byte_per_element_and_stays_close(model):

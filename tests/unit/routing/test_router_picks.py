@@ -234,3 +234,40 @@ def test_picking_again_replaces_the_request_s_reservation_and_counts_attempts():
     r.release("a")
     assert all(r.router_load(n).reserved_kv_blocks == r.router_load(n).pending_prompt_tokens == 0
                for n in ("prefill-0", "prefill-1", "decode-0", "decode-1"))
+
+
+def test_least_recent_tie_break_lets_idle_instances_take_turns():
+    from trtpd.routing.core import InstanceView, Router, RoutingPolicy
+
+    router = Router(RoutingPolicy(tie_break="least_recent"))
+    views = [InstanceView(f"prefill-{i}", "prefill") for i in range(2)] + \
+            [InstanceView(f"decode-{i}", "decode", free_kv_blocks=100, max_kv_blocks=100) for i in range(2)]
+    router.update(views, 0.0)
+    picked = []
+    for i in range(4):   # sequential requests: each finishes before the next
+        p = router.pick_prefill(f"r{i}", 10, 0.0)
+        router.prefill_done(f"r{i}")
+        d = router.pick_decode(f"r{i}", 10, 5, 0.0)
+        router.release(f"r{i}")
+        picked.append((p.instance, d.instance))
+    assert picked == [("prefill-0", "decode-0"), ("prefill-1", "decode-1")] * 2
+    by_name = Router()                     # the default keeps the first by name (reproducible simulations)
+    by_name.update(views, 0.0)
+    firsts = []
+    for i in range(3):
+        firsts.append(by_name.pick_prefill(f"q{i}", 10, 0.0).instance)
+        by_name.release(f"q{i}")
+    assert firsts == ["prefill-0"] * 3
+
+
+def test_decode_started_drops_the_reservation_the_snapshot_now_counts():
+    from trtpd.routing.core import InstanceView, Router
+
+    router = Router()
+    router.update([InstanceView("decode-0", "decode", free_kv_blocks=100, max_kv_blocks=100)], 0.0)
+    router.pick_decode("r", 64, 64, 0.0)              # 4 blocks of 32 tokens reserved
+    assert router.router_load("decode-0").reserved_kv_blocks == 4
+    router.decode_started("r")
+    assert router.router_load("decode-0").reserved_kv_blocks == 0 and router.router_load("decode-0").num_requests == 0
+    router.release("r")                               # harmless afterwards
+    assert router.num_tracked_requests == 0
