@@ -20,7 +20,7 @@ from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.fleet.launcher import fleet_down, fleet_status, fleet_up
 from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
 from trtpd.kv.handle import load_or_create_key_file
-from trtpd.repo.reference import ReferenceDeployment
+from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.serving import stub_watch
 
 from .conftest import Server

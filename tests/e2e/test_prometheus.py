@@ -15,7 +15,7 @@ import pytest
 from trtpd.fleet.launcher import fleet_down, fleet_up
 from trtpd.gateway.process import start_gateway
 from trtpd.observability import prometheus as prom
-from trtpd.repo.reference import ReferenceDeployment
+from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.resources import data_dir
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from trtpd.bench.client import BenchRequest, run_stream
-from trtpd.repo.reference import ReferenceDeployment
+from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.serving import deployment, stub_watch
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-PERF_OUTPUTS = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
+from trtpd.perf_outputs import PERF_OUTPUTS
 
 
 @dataclass

@@ -22,7 +22,7 @@ from trtpd.catalog import get_model
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.perf.hardware import HardwareProfile
 from trtpd.perf.measured import ServingOverhead
-from trtpd.repo.reference import ReferenceDeployment
+from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.serving import deployment
 from trtpd.sim.build import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
 from trtpd.sim.metrics import latencies

@@ -15,7 +15,7 @@ from trtpd.lint.ports import lint_ports
 from trtpd.lint.repository import launch_world_size, lint_model_configs
 from trtpd.lint.serve_configs import lint_serve_configs, router_ports
 from trtpd.repo import template
-from trtpd.repo.pbtxt import parse_model_config
+from trtpd.schema.pbtxt import parse_model_config
 from trtpd.repo.render import TEMPLATE_SUFFIX, templates_dir
 
 

@@ -14,11 +14,11 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
 
-from trtpd.build.manifest import MANIFEST_NAME, EngineManifest, FileChecksum, load_manifest, write_manifest
+from trtpd.schema.manifest import (MANIFEST_NAME, EngineManifest, FileChecksum, load_manifest, now_iso,
+                                   write_manifest)
 from trtpd.build.plan import BuildPlan, RolePlan, Step
 from trtpd.errors import ConfigError, TrtpdError
 
@@ -53,10 +53,6 @@ class SubprocessRunner:
                 log.write(line)
                 on_line(line.rstrip())
             return proc.wait()
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
 def checksums(folder: Path) -> list[FileChecksum]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtpd.build.spec import BuildRequest
-from trtpd.errors import ConfigError
+from trtpd.schema.id_groups import format_id_groups
 
 
 @dataclass(frozen=True)
@@ -58,18 +58,3 @@ def plan_mpi_world(r: BuildRequest) -> MpiWorld:
             rank, gpu = rank + n, gpu + n
         groups[spec.role] = tuple(instances)
     return MpiWorld(groups["prefill"], groups["decode"])
-
-
-def format_id_groups(groups: list[tuple[int, ...]]) -> str:
-    return ";".join(",".join(str(i) for i in g) for g in groups)
-
-
-def parse_id_groups(text: str, field: str) -> list[list[int]]:
-    """'1,2;3,4' -> [[1, 2], [3, 4]]; raises ConfigError naming `field` for anything else."""
-    try:
-        groups = [[int(x) for x in group.split(",")] for group in text.strip().split(";")]
-    except ValueError:
-        raise ConfigError(f"{field}: {text!r} is not a list of integer groups like '1,2;3,4'") from None
-    if any(i < 0 for g in groups for i in g):
-        raise ConfigError(f"{field}: {text!r} has a negative id")
-    return groups

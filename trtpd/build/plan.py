@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtpd import __version__
-from trtpd.build.manifest import (BuildInputs, EngineBuildConfig, EngineManifest, ModelShape, StepRecord,
-                                  engine_folder_name)
+from trtpd.schema.manifest import (BuildInputs, EngineBuildConfig, EngineManifest, ModelShape, StepRecord,
+                                   engine_folder_name)
 from trtpd.build.options import check_args, require_valid
 from trtpd.build.spec import BuildRequest, RoleSpec
 from trtpd.build.versions import PINNED

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trtpd.build.deploy import REPO_DIR, DeployPlan
-from trtpd.build.manifest import MANIFEST_NAME
+from trtpd.schema.manifest import MANIFEST_NAME
 from trtpd.build.plan import BuildPlan
 from trtpd.build.versions import PINNED
 from trtpd.lint.findings import Finding, summary

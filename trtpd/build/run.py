@@ -11,7 +11,7 @@ from trtpd.build.deploy import DeployPlan, plan_deploy, write_deploy
 from trtpd.build.environment import BuildEnvironment, detect, require_runnable
 from trtpd.build.execute import Report, Runner, SubprocessRunner, execute_plan
 from trtpd.build.launch import TritonPorts
-from trtpd.build.manifest import EngineManifest, load_manifest, write_manifest
+from trtpd.schema.manifest import EngineManifest, load_manifest, write_manifest
 from trtpd.build.plan import BuildPlan, plan_build
 from trtpd.build.report import format_plan
 from trtpd.build.serve_config import ServeLayout

@@ -157,7 +157,7 @@ def _run_reference(args, fp8, dtype) -> int:
 
 
 def _lint_reference(dirs: list[Path]) -> None:
-    from trtpd.build.manifest import load_manifest
+    from trtpd.schema.manifest import load_manifest
     from trtpd.lint import errors, lint_engine_pair, summary
 
     by_role = {Path(d).name.split("-")[0]: Path(d) for d in dirs}

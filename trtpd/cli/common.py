@@ -27,7 +27,8 @@ def add_reference_args(p: argparse.ArgumentParser, mode_default: str = "disaggre
 
 
 def reference_spec(args: argparse.Namespace, mode: str | None = None):
-    from trtpd.repo.reference import ReferenceDeployment, default_build_root
+    from trtpd.deploy.spec import ReferenceDeployment
+    from trtpd.repo.reference import default_build_root
 
     mode = mode or args.mode
     if mode == "colocated":

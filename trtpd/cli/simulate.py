@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(args: argparse.Namespace):
-    from trtpd.planner.plan import load_plan
+    from trtpd.schema.plan import load_plan
     from trtpd.sim.build import ClusterOptions, options_from_engines, options_from_plan
 
     model, hardware, rate = "llama-2-70b", "h100-sxm", None

@@ -19,9 +19,8 @@ import torch
 from trtpd import __version__
 from trtpd.catalog import KvDtype, ModelSpec, get_model
 from trtpd.engine import corpus
-from trtpd.build.execute import now_iso
-from trtpd.build.manifest import (BuildInputs, EngineBuildConfig, EngineManifest, FileChecksum, ModelShape, StepRecord,
-                                  load_manifest, write_manifest)
+from trtpd.schema.manifest import (BuildInputs, EngineBuildConfig, EngineManifest, FileChecksum, ModelShape, StepRecord,
+                                   load_manifest, now_iso, write_manifest)
 from trtpd.engine.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_checkpoint, write_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role, role_defaults
 from trtpd.engine.model import FP8_MAX, LlamaModel, init_weights

@@ -18,9 +18,9 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
+from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
 from trtpd.serving import error_kinds
 
-PERF_NAMES = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
 OUTPUTS = ("output_ids", "sequence_length", "context_phase_params") + PERF_NAMES
 _DTYPES = {np.int32: "INT32", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL", np.uint8: "UINT8"}
 

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpd.build.manifest import MANIFEST_NAME, load_manifest
+from trtpd.schema.manifest import MANIFEST_NAME, load_manifest
 from trtpd.errors import ConfigError
 from trtpd.lint.engine_pair import lint_engine_pair
 from trtpd.lint.findings import Finding

@@ -7,7 +7,9 @@ engine must accept the whole prompt, because a generation-only request carries i
 
 from __future__ import annotations
 
-from trtpd.build.manifest import EngineManifest
+from pathlib import Path
+
+from trtpd.schema.manifest import EngineManifest, load_manifest
 from trtpd.lint.findings import Finding
 
 _SHAPE_RULES = {
@@ -65,3 +67,9 @@ def lint_engine_pair(prefill: EngineManifest, decode: EngineManifest, *, max_pro
                                     f"engine {m.folder_name} is {m.status!r}" + (f" ({m.error})" if m.error else ""),
                                     "run trtpd build on a machine with TensorRT-LLM 1.2.x and GPUs"))
     return findings
+
+
+def check_pair(prefill: Path, decode: Path) -> list[str]:
+    """The errors of `lint_engine_pair` for two engine folders, as messages (render and fleet refuse on any)."""
+    return [f"[{f.rule}] {f.message}; fix: {f.fix}" for f in
+            lint_engine_pair(load_manifest(prefill), load_manifest(decode)) if f.severity == "error"]

@@ -11,11 +11,11 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from trtpd.build.manifest import load_manifest
-from trtpd.build.mpi_world import parse_id_groups
+from trtpd.schema.manifest import load_manifest
 from trtpd.errors import ConfigError
 from trtpd.lint.findings import Finding
-from trtpd.repo.pbtxt import parameters, parse_model_config
+from trtpd.schema.id_groups import parse_id_groups
+from trtpd.schema.pbtxt import parameters, parse_model_config
 
 _PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
 _MPI_APP = re.compile(r"(?:^|\s)-n\s+(\d+)\s")

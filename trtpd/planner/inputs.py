@@ -2,31 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from trtpd.perf.yaml_io import config_path, load_yaml_model
-from trtpd.resources import configs_dir
-
-SLO_DIR = configs_dir("slo")
-
-
-class Slo(BaseModel):
-    """TTFT and TPOT targets, met by `attainment` of the requests (both at once, as DistServe).
-
-    attainment 0.9 means P90 SLOs: at least 90% of requests have TTFT <= ttft_s and TPOT <= tpot_s.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    ttft_s: float = Field(gt=0)
-    tpot_s: float = Field(gt=0)
-    attainment: float = Field(default=0.9, gt=0, lt=1)
-
-    @property
-    def percentile(self) -> float:
-        return self.attainment * 100
+# the SLO document is shared with the plan file (trtpd.schema.plan); planner code takes it from here
+from trtpd.schema.slo import SLO_DIR, Slo, load_slo, slo_path  # noqa: F401
 
 
 class Target(BaseModel):
@@ -61,11 +42,3 @@ class SearchSpace(BaseModel):
     tokens_per_block: int = Field(default=32, gt=0)
     max_gpus: int | None = Field(default=None, gt=0)
     max_instances_per_role: int = Field(default=256, gt=0)
-
-
-def slo_path(name_or_path: str) -> Path:
-    return config_path("SLO", name_or_path, SLO_DIR)
-
-
-def load_slo(name_or_path: str) -> Slo:
-    return load_yaml_model(Slo, slo_path(name_or_path))

@@ -6,8 +6,8 @@ from dataclasses import dataclass, replace
 
 from trtpd.errors import ConfigError
 from trtpd.planner import seed004
-from trtpd.planner.plan import (DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan, TargetSummary,
-                                Verification, WorkloadSummary)
+from trtpd.schema.plan import (DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan, TargetSummary,
+                               Verification, WorkloadSummary)
 from trtpd.planner.search import Choice, PlanProblem, Planner, SearchResult, plan_search
 from trtpd.planner.verify import Verdict, verify
 from trtpd.sim.workload import generate_requests

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtpd.planner.plan import Plan
+from trtpd.schema.plan import Plan
 from trtpd.planner.seed004 import Seed004Plan
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trtpd.perf.kv_link import kv_transfer_s
 from trtpd.perf.model import InstancePerf
 from trtpd.planner import queueing
 from trtpd.sim.lengths import LengthStats
@@ -134,7 +135,7 @@ class KvLinkModel:
         self.stats = stats
 
     def transfer_s(self, num_tokens: float) -> float:
-        return self.latency_s + num_tokens * self.kv_bytes_per_token / self.bytes_per_s
+        return kv_transfer_s(num_tokens * self.kv_bytes_per_token, self.bytes_per_s, self.latency_s)
 
     def required_bytes_per_s(self, rate_per_s: float) -> float:
         """Seed 000 5.3, corrected: rate x input tokens x KV bytes per token (share of time 1)."""

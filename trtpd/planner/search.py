@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from trtpd.catalog import ModelSpec
 from trtpd.perf.hardware import HardwareProfile
+from trtpd.perf.kv_link import kv_link_bytes_per_s
 from trtpd.planner.candidates import (DecodeCandidate, PrefillCandidate, Rejected, decode_candidate,
                                       prefill_candidate, round_up)
 from trtpd.planner.estimate import Config, Estimate, bisect_max
@@ -96,9 +97,7 @@ class Planner:
 
     # -- configuration building blocks ----------------------------------------------------------------
     def link(self, tp_prefill: int, tp_decode: int, kind: str) -> KvLinkModel:
-        h = self.problem.hardware
-        per_device = h.nvlink_bandwidth_bytes_per_s if kind == "nvlink" else h.network_bandwidth_bytes_per_s
-        bw = per_device * min(tp_prefill, tp_decode) * h.link_efficiency
+        bw = kv_link_bytes_per_s(self.problem.hardware, kind, tp_prefill, tp_decode)
         inst = self.prefills[0].inst if self.prefills else self.decodes[0].inst
         return KvLinkModel(bw, self.problem.space.kv_link_latency_s, inst.kv_bytes_per_token, self.stats)
 

@@ -4,60 +4,25 @@ disaggregated: ensemble -> preprocessing -> disagg_bls -> {prefill, decode} -> p
 colocated:     ensemble -> preprocessing -> disagg_bls -> colocated -> postprocessing
 Both modes use the same ensemble, pre/post-processing and orchestrator, so they are compared on
 the same wiring. The deployment's KV signing key is generated next to the repository (0600).
+The deployment spec itself is trtpd.deploy.spec; the P/D rules are trtpd.lint.engine_pair.
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
+# KEY_FILE, ReferenceDeployment and check_pair are imported from here by trtpd.fleet and trtpd.bench.run
+from trtpd.deploy.spec import KEY_FILE, KV_TRANSPORTS, MODES, ReferenceDeployment, key_file_for
 from trtpd.engine.build import engine_dir
 from trtpd.engine.engine_config import EngineConfig, Role
 from trtpd.errors import ConfigError
-from trtpd.lint import lint_repository
+from trtpd.lint import check_pair, lint_repository
+from trtpd.perf_outputs import PERF_OUTPUTS
 from trtpd.repo.render import ModelPlan, render_repository
 
-MODES = ("disaggregated", "colocated")
-KV_TRANSPORTS = ("shm", "tcp")
-KEY_FILE = "kv.key"
-PERF_OUTPUTS = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
-
-
-@dataclass(frozen=True)
-class ReferenceDeployment:
-    build_root: Path                 # engines/<model>/reference-<kv>/
-    mode: str = "disaggregated"
-    kv_transport: str = "shm"
-    prefill_instances: int = 1
-    decode_instances: int = 1
-    colocated_instances: int = 2
-    bls_instances: int = 1
-    kv_transfer_timeout_ms: int = 30000   # prefill frees KV that decode has not pulled by then
-    kv_transfer: str = "layerwise"         # or "after_prefill" (TensorRT-LLM's semantics)
-    max_batch_size: int = 64
-    prefill_engine: Path | None = None   # override (e.g. a deliberately mismatched decode engine)
-    decode_engine: Path | None = None
-
-    def engine(self, role: Role) -> Path:
-        override = {Role.PREFILL: self.prefill_engine, Role.DECODE: self.decode_engine}.get(role)
-        if override is not None:
-            return Path(override).resolve()
-        root = Path(self.build_root)
-        path = root / f"{role.value}-tp1"
-        if not (path / "config.json").is_file():
-            raise ConfigError(f"{path}: no {role.value} engine; build it with "
-                              f"`trtpd build --backend reference --model <model>`")
-        return path.resolve()
-
-
-def check_pair(prefill: Path, decode: Path) -> list[str]:
-    """`trtpd lint`'s engine-pair rules (KV dtype, tokens_per_block, shapes, FP8 scales, lengths), as messages."""
-    from trtpd.build.manifest import load_manifest
-    from trtpd.lint import lint_engine_pair
-
-    return [f"[{f.rule}] {f.message}; fix: {f.fix}" for f in
-            lint_engine_pair(load_manifest(prefill), load_manifest(decode)) if f.severity == "error"]
+__all__ = ["KEY_FILE", "KV_TRANSPORTS", "MODES", "ReferenceDeployment", "check_pair", "default_build_root",
+           "render_reference_repository", "repository_plan"]
 
 
 def repository_plan(dep: ReferenceDeployment, key_file: Path) -> list[ModelPlan]:
@@ -102,7 +67,7 @@ def render_reference_repository(dep: ReferenceDeployment, out_dir: Path, *, over
         if problems:
             raise ConfigError("prefill and decode engines are not compatible:\n  " + "\n  ".join(problems))
     out_dir = Path(out_dir).resolve()
-    key_file = out_dir.parent / f"{out_dir.name}.{KEY_FILE}"
+    key_file = key_file_for(out_dir)
     plans = repository_plan(dep, key_file)
     render_repository(plans, out_dir, overwrite=overwrite)
     problems = [f"[{f.rule}] {f.subject}: {f.message}; fix: {f.fix}" for f in lint_repository(out_dir)

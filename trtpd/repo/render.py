@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trtpd.errors import ConfigError
 from trtpd.repo import template
-from trtpd.repo.pbtxt import check_name_matches_folder, parse_model_config
+from trtpd.schema.pbtxt import check_name_matches_folder, parse_model_config
 from trtpd.staging import staged_folder
 
 TEMPLATE_SUFFIX = ".tmpl"

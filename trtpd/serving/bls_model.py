@@ -25,6 +25,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtpd.serving.admission import Admission, OverloadedError, Slot
 from trtpd.engine.request import ends_with
+from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
 from trtpd.serving.pb import error_response, kind_of, model_parameters, tensor
 from trtpd.serving.request_parsing import parse_word_list
 from trtpd.serving.stub_watch import StubWatch
@@ -36,7 +37,6 @@ FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temp
 ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params"]
 DEFAULT_MAX_INFLIGHT = 24
 DEFAULT_MAX_QUEUED = 1000
-PERF_NAMES = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_transfer_bytes", "decode_queue_ms")
 
 
 class BlsError(Exception):

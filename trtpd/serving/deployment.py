@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtpd.errors import TrtpdError
-from trtpd.repo.reference import ReferenceDeployment, render_reference_repository
+from trtpd.deploy.spec import ReferenceDeployment
+from trtpd.repo.reference import render_reference_repository
 from trtpd.serving import stub_watch
 from trtpd.serving.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, stop_server,
                                         wait_ready)

@@ -25,6 +25,7 @@ from trtpd.engine.loop import EngineLoop
 from trtpd.engine.request import EngineOutput, RequestError
 from trtpd.errors import TrtpdError
 from trtpd.kv.auth import AUTH_PARAMETER, check_orchestrator_token
+from trtpd.perf_outputs import ENGINE_PERF_MS as PERF_OUTPUTS
 from trtpd.serving.metrics import RoleMetrics
 from trtpd.serving.pb import error_response, input_getter, model_parameters, tensor
 from trtpd.serving.request_parsing import error_kind, parse_parameters, parse_request
@@ -32,8 +33,6 @@ from trtpd.serving.stub_watch import StubWatch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 log = logging.getLogger(__name__)
-PERF_OUTPUTS = {"prefill_queue_s": "prefill_queue_ms", "prefill_compute_s": "prefill_compute_ms",
-                "kv_transfer_s": "kv_transfer_ms", "decode_queue_s": "decode_queue_ms"}
 
 
 @dataclass

@@ -8,8 +8,9 @@ from pathlib import Path
 from trtpd.catalog import ModelSpec
 from trtpd.errors import ConfigError
 from trtpd.perf.hardware import HardwareProfile
+from trtpd.perf.kv_link import kv_link_bytes_per_s
 from trtpd.perf.model import InstancePerf, instance_perf
-from trtpd.planner.plan import Plan
+from trtpd.schema.plan import Plan
 from trtpd.sched.continuous import BatchSchedulerConfig
 from trtpd.sched.prefill import PrefillSchedulerConfig
 from trtpd.sim.cluster import BatchRole, ClusterSpec, KvLinkSpec, PrefillRole
@@ -74,9 +75,7 @@ def disaggregated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Clu
     if opts.kv_link_bytes_per_s is not None:
         bw = opts.kv_link_bytes_per_s
     else:
-        per_device = (hardware.nvlink_bandwidth_bytes_per_s if opts.kv_link == "nvlink"
-                      else hardware.network_bandwidth_bytes_per_s)
-        bw = per_device * min(opts.tp_prefill, opts.tp_decode) * hardware.link_efficiency
+        bw = kv_link_bytes_per_s(hardware, opts.kv_link, opts.tp_prefill, opts.tp_decode)
     if bw <= 0:
         raise ConfigError(f"hardware {hardware.name!r} has no {opts.kv_link} bandwidth; use --kv-link network "
                           f"or --kv-link-bytes-per-s")

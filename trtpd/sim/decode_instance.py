@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
+from trtpd.perf.kv_link import kv_transfer_s
 from trtpd.perf.model import PerfModel
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
@@ -38,7 +39,7 @@ class KvLink:
 
     def transfer(self, now_s: float, num_bytes: float) -> float:
         start = now_s if now_s > self.free_at_s else self.free_at_s
-        duration = self.latency_s + num_bytes / self.bytes_per_s
+        duration = kv_transfer_s(num_bytes, self.bytes_per_s, self.latency_s)
         self.busy_s += duration
         self.free_at_s = start + duration
         return self.free_at_s

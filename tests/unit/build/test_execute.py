@@ -11,7 +11,7 @@ import pytest
 
 from trtpd.build.environment import BuildEnvironment, TrtllmUnavailableError, require_runnable
 from trtpd.build.execute import BuildStepError, execute_plan
-from trtpd.build.manifest import load_manifest
+from trtpd.schema.manifest import load_manifest
 from trtpd.build.plan import plan_build
 from trtpd.build.run import prepare, run_build
 

@@ -13,7 +13,7 @@ from trtpd.build.mpi_world import plan_mpi_world
 from trtpd.build.plan import plan_build
 from trtpd.errors import ConfigError
 from trtpd.repo import template
-from trtpd.repo.pbtxt import load_model_config, parameters, parse_model_config
+from trtpd.schema.pbtxt import load_model_config, parameters, parse_model_config
 from trtpd.repo.render import render_repository, templates_dir
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trtpd.build.manifest import load_manifest, write_manifest
+from trtpd.schema.manifest import load_manifest, write_manifest
 from trtpd.build.plan import plan_build
 from trtpd.build.recipe import load_recipes, recipes_dir
 from trtpd.errors import ConfigError

@@ -15,7 +15,7 @@ import yaml
 from trtpd.build.options import check_args, check_keys
 from trtpd.build.options_table import OPTIONS
 from trtpd.build.run import prepare
-from trtpd.repo.pbtxt import parameters, parse_model_config
+from trtpd.schema.pbtxt import parameters, parse_model_config
 
 TYPES = {"int", "float", "bool", "switch", "flag", "enum", "str", "path", "list"}
 

@@ -12,7 +12,7 @@ from trtpd.errors import ConfigError, TrtpdError
 from trtpd.fleet import launcher, records
 from trtpd.fleet.launcher import fleet_up, plan_waves
 from trtpd.fleet.records import InstanceRecord
-from trtpd.repo.reference import ReferenceDeployment
+from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.serving import stub_watch
 from trtpd.serving.stub_watch import StubEntry
 from trtpd.serving.tritonserver import ServerProcess

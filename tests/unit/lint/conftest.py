@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from trtpd.build.deploy import plan_deploy, write_deploy
-from trtpd.build.manifest import BuildInputs, EngineBuildConfig, EngineManifest, ModelShape
+from trtpd.schema.manifest import BuildInputs, EngineBuildConfig, EngineManifest, ModelShape
 from trtpd.build.plan import plan_build
 from trtpd.build.recipe import load_recipes
 from trtpd.build.spec import BuildOverrides, make_request

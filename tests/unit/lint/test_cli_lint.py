@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trtpd.build.manifest import write_manifest
+from trtpd.schema.manifest import write_manifest
 from trtpd.cli.main import main
 from trtpd.lint import RULES, discover, lint_deployment
 

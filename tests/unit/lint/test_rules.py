@@ -145,7 +145,7 @@ def test_generated_deployment_is_clean(ctx):
 
 def test_participant_groups_must_match_engine_tp(make, tmp_path):
     """Group size is checked against the engine manifest that gpt_model_path points to."""
-    from trtpd.build.manifest import write_manifest
+    from trtpd.schema.manifest import write_manifest
     engine = tmp_path / "prefill-tp4"
     write_manifest(make.manifest("prefill", tp_size=4), engine)
     text = (f'name: "prefill"\nbackend: "tensorrtllm"\nmax_batch_size: 4\n'

@@ -1,7 +1,7 @@
 import re
 
 from trtpd.cli.main import main
-from trtpd.planner.plan import load_plan
+from trtpd.schema.plan import load_plan
 
 
 def test_seed004_cli_reproduces_the_worked_example(capsys):

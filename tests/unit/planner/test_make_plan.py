@@ -3,7 +3,7 @@ import pytest
 from trtpd.errors import ConfigError
 from trtpd.planner.inputs import Slo, Target, load_slo
 from trtpd.planner.make import VerifyOptions, make_plan
-from trtpd.planner.plan import load_plan
+from trtpd.schema.plan import load_plan
 
 QUICK = VerifyOptions(num_requests=1500)
 

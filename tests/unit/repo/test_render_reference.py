@@ -3,8 +3,9 @@ import pytest
 
 from trtpd.errors import ConfigError
 from trtpd.lint import lint_repository
-from trtpd.repo.pbtxt import load_model_config, parameters
-from trtpd.repo.reference import ReferenceDeployment, render_reference_repository
+from trtpd.schema.pbtxt import load_model_config, parameters
+from trtpd.deploy.spec import ReferenceDeployment
+from trtpd.repo.reference import render_reference_repository
 from trtpd.repo.render import ModelPlan, render_repository
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
@@ -125,6 +126,11 @@ class EngineManifest(_Strict):
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=False) + "\n"
+
+
+def now_iso() -> str:
+    """The manifests' timestamp format (`updated_at`): ISO 8601, UTC, whole seconds."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
 def engine_folder_name(role: str, tp_size: int, pp_size: int = 1) -> str:

@@ -58,7 +58,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpd.perf.yaml_io import dump_yaml, load_yaml_model
-from trtpd.planner.inputs import Slo
+from trtpd.schema.slo import Slo
 
 
 class _Strict(BaseModel):
@@ -168,7 +168,7 @@ class Plan(_Strict):
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("# trtpd plan (schema: trtpd/planner/plan.py, configs/plans/README.md)\n" + self.to_yaml())
+        path.write_text("# trtpd plan (schema: trtpd/schema/plan.py, configs/plans/README.md)\n" + self.to_yaml())
 
 
 def load_plan(path: Path) -> Plan:
