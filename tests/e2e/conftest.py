@@ -17,7 +17,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from trtpd.bench.client import BenchRequest, run_stream
-from trtpd.repo.reference import KEY_FILE, ReferenceDeployment, render_reference_repository
+from trtpd.deploy.spec import KEY_FILE, ReferenceDeployment
+from trtpd.repo.reference import render_reference_repository
 from trtpd.serving import deployment
 from trtpd.serving.tritonserver import start_server, stop_server, wait_ready
 
