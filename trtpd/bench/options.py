@@ -18,3 +18,17 @@ class DemoOptions:
     seed: int = 0
     colocated_instances: int = 2
     output: Path = Path("out/demo.json")
+
+
+@dataclass
+class BenchDefaults:
+    """`trtpd bench`'s defaults (shown by --help without importing the load generators)."""
+
+    name: str = "default"
+    workload: str = "cpu-demo"
+    rates: str = "3"
+    num_requests: int = 40
+    seed: int = 0
+    attainment: float = 0.9
+    warmup: int = 1
+    timeout_s: float = 300.0

@@ -7,16 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from trtpd.bench.client import RequestResult
-from trtpd.sim.metrics import Percentiles
-
-
-def percentiles(values: list[float]) -> Percentiles:
-    x = np.asarray([v for v in values if v is not None], dtype=float)
-    if not x.size:
-        nan = float("nan")
-        return Percentiles(nan, nan, nan, nan)
-    p50, p90, p99 = np.percentile(x, (50, 90, 99))
-    return Percentiles(float(x.mean()), float(p50), float(p90), float(p99))
+from trtpd.sim.metrics import Percentiles, percentiles  # noqa: F401  (percentiles: the one function, re-exported)
 
 
 @dataclass(frozen=True)

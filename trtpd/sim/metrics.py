@@ -56,7 +56,13 @@ class SimSummary:
     ttft_breakdown: TtftBreakdown | None
 
 
-def _percentiles(x: np.ndarray) -> Percentiles:
+def percentiles(values) -> Percentiles:
+    """Mean, P50, P90, P99 (numpy's linear interpolation) of `values`, leaving out None and NaN; all NaN
+    when nothing is left. The one percentile function: the simulator's and the bench tool's summaries use it."""
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        x = values.ravel()
+    else:
+        x = np.asarray([v for v in values if v is not None], dtype=float)
     x = x[~np.isnan(x)]
     if not len(x):
         return Percentiles(float("nan"), float("nan"), float("nan"), float("nan"))
@@ -120,7 +126,7 @@ def summarize(run: SimRun, ttft_slo_s: float | None = None, tpot_slo_s: float | 
         goodput = attainment * n / span if span > 0 else None
     return SimSummary(
         num_requests=n, num_unfinished=n - num_done,
-        ttft_s=_percentiles(lat.ttft_s), tpot_s=_percentiles(lat.tpot_s),
+        ttft_s=percentiles(lat.ttft_s), tpot_s=percentiles(lat.tpot_s),
         slo_attainment=attainment, goodput_per_s=goodput,
         throughput_requests_per_s=num_done / busy_span if busy_span > 0 else 0.0,
         throughput_tokens_per_s=done_tokens / busy_span if busy_span > 0 else 0.0,
