@@ -20,7 +20,7 @@ import pytest
 from trtpd.bench.hf_tokenizer import export
 from trtpd.fleet.launcher import fleet_down, fleet_up
 from trtpd.gateway.process import start_gateway
-from trtpd.repo.reference import ReferenceDeployment
+from trtpd.deploy.spec import ReferenceDeployment
 
 pytestmark = pytest.mark.e2e
 
