@@ -31,7 +31,7 @@ def main() -> None:
 
     from trtpd.engine.build import build_reference
     from trtpd.fleet.launcher import fleet_down, fleet_up
-    from trtpd.gateway.process import start_gateway
+    from trtpd.fleet.gateway_process import start_gateway
     from trtpd.gateway.role_client import RoleClient, SamplingInputs
     from trtpd.kv.handle import load_or_create_key_file
     from trtpd.repo.reference import ReferenceDeployment

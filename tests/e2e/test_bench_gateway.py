@@ -19,7 +19,7 @@ import pytest
 
 from trtpd.bench.hf_tokenizer import export
 from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.gateway.process import start_gateway
+from trtpd.fleet.gateway_process import start_gateway
 from trtpd.deploy.spec import ReferenceDeployment
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import pytest
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.fleet import records
 from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.gateway.process import start_gateway
+from trtpd.fleet.gateway_process import start_gateway
 from trtpd.deploy.spec import ReferenceDeployment
 
 pytestmark = pytest.mark.e2e

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.gateway.process import start_gateway
+from trtpd.fleet.gateway_process import start_gateway
 from trtpd.observability import prometheus as prom
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.resources import data_dir

@@ -20,10 +20,7 @@ import trtpd
 
 ROOT = Path(trtpd.__file__).parent
 
-# gateway.process (starts the gateway) reads fleet.records inside a function, and fleet.launcher starts the
-# gateway through gateway.process inside a function. Left for whoever owns fleet/ and gateway/: moving
-# gateway/process.py (host-side process control) under fleet/ breaks it.
-KNOWN_LAZY_CYCLES = {frozenset({"fleet", "gateway"})}
+KNOWN_LAZY_CYCLES: set[frozenset[str]] = set()   # none left: keep it that way
 
 
 def _node(module: str) -> str:

@@ -65,7 +65,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     a.refuse_given(args, ("http_port", "grpc_port", "metrics_port"), "not used by --fleet (each instance gets "
                                                                      "free ports of its own)")
     from trtpd.fleet.launcher import fleet_down
-    from trtpd.gateway.process import start_gateway
+    from trtpd.fleet.gateway_process import start_gateway
     mode = "colocated" if args.mode == "colocated" or "colocated_instances" in a.given(args) else "disaggregated"
     if mode == "colocated" and args.mode != "colocated" and "mode" in a.given(args):
         a.refuse_given(args, ("colocated_instances",), f"not used by --mode {args.mode}")

@@ -187,7 +187,7 @@ def _stop_gateway(gateway: dict | None, timeout_s: float) -> list[str]:
     if not gateway.get("start_time"):
         return [f"gateway pid {gateway['pid']}: no start time recorded, so it cannot be told from a reused pid; "
                 f"not signalled"]
-    from trtpd.gateway.process import stop_gateway
+    from trtpd.fleet.gateway_process import stop_gateway
     stop_gateway(gateway, timeout_s)
     return []
 

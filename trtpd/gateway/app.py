@@ -96,12 +96,12 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request):
         body = await _parse(request, CompletionRequest)
         return await _serve(request, "completions", body, body.prompt, body.max_tokens or config.default_max_tokens)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat(request: Request):
         body = await _parse(request, ChatCompletionRequest)
         return await _serve(request, "chat", body, chat_prompt(body.messages), body.max_new_tokens)
@@ -156,6 +156,26 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
         yield DONE
 
     return app
+
+
+def _body_schema(model) -> dict:
+    """The request body in the OpenAPI document, self-contained (the handlers parse it themselves, to answer
+    OpenAI errors rather than FastAPI's 422)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": _inline(schema, defs)}}}}
+
+
+def _inline(schema, defs):
+    """Replaces local $refs by their definitions."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return _inline(defs[ref.rsplit("/", 1)[1]], defs)
+        return {k: _inline(v, defs) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_inline(v, defs) for v in schema]
+    return schema
 
 
 async def _parse(request: Request, model):
