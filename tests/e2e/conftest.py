@@ -130,6 +130,13 @@ class Server:
                 return value
         raise KeyError(f"no KV block metric for {model}/{kind}")
 
+    def idle_blocks(self, model: str, timeout_s: float = 20.0) -> float:
+        """The free-block baseline a test starts from: every block free. Waits for it, because the metrics lag
+        the engine by up to 0.1 s and an earlier test's last request may still be finishing."""
+        total = self.kv_blocks(model, "max")
+        self.wait_blocks(model, total, timeout_s)
+        return total
+
     def wait_blocks(self, model: str, expected: float, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         last = None

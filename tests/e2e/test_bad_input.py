@@ -70,7 +70,7 @@ def test_forged_context_phase_params_are_refused(fp16_disagg, tokenizer):
     ids = tokenizer.encode("Some prompt")
     with pytest.raises(RuntimeError, match="malformed|not a trtpd"):
         _decode_with(fp16_disagg, ids, b"not a handle at all, just bytes")
-    start = fp16_disagg.kv_blocks("prefill")
+    start = fp16_disagg.idle_blocks("prefill")
     ids, handle = _real_handle(fp16_disagg, tokenizer)
     tampered = bytearray(handle)
     tampered[-5] ^= 0x01   # flip one bit of the signed payload

@@ -13,7 +13,8 @@ NUM_REQUESTS = 400
 def test_400_requests_at_once_all_complete_and_kv_returns_to_baseline(fp16_disagg, tokenizer):
     """120-220-token prompts: together about twice what prefill's KV pool holds, so prefill sub-requests
     must wait for blocks that only decode's pulls free (the shape of the original collapse)."""
-    base_prefill, base_decode = fp16_disagg.kv_blocks("prefill"), fp16_disagg.kv_blocks("decode")
+    # idle means every block free (a just-finished request of an earlier test may still show in the metrics)
+    base_prefill, base_decode = fp16_disagg.idle_blocks("prefill"), fp16_disagg.idle_blocks("decode")
     reqs = [BenchRequest(f"burst-{i}", prompt_with_tokens(tokenizer, 120 + i % 101, seed=i), 6, 0.0)
             for i in range(NUM_REQUESTS)]
     started = time.perf_counter()

@@ -27,7 +27,7 @@ def context_only(server, tokenizer, num_tokens: int, seed: int, layerwise: bool 
 
 
 def test_blocks_return_after_completed_requests(fp16_disagg, tokenizer):
-    start_p, start_d = fp16_disagg.kv_blocks("prefill"), fp16_disagg.kv_blocks("decode")
+    start_p, start_d = fp16_disagg.idle_blocks("prefill"), fp16_disagg.idle_blocks("decode")
     prompts = {f"r{i}": prompt_with_tokens(tokenizer, n, seed=i) for i, n in enumerate((40, 300, 900, 1500))}
     results = fp16_disagg.stream(prompts, 8)
     assert all(r.error is None and len(r.token_ids) == 8 for r in results.values())
@@ -36,7 +36,7 @@ def test_blocks_return_after_completed_requests(fp16_disagg, tokenizer):
 
 
 def test_blocks_return_after_a_cancelled_stream(fp16_disagg, tokenizer):
-    start_p, start_d = fp16_disagg.kv_blocks("prefill"), fp16_disagg.kv_blocks("decode")
+    start_p, start_d = fp16_disagg.idle_blocks("prefill"), fp16_disagg.idle_blocks("decode")
     got: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(fp16_disagg.grpc_url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))

@@ -208,7 +208,7 @@ def test_admin_apis_need_the_deployment_header(fp16_disagg):
 
 
 def test_a_captured_handle_without_the_key_gets_no_kv_and_the_victim_completes(fp8_disagg, tokenizer):
-    start = fp8_disagg.kv_blocks("prefill")
+    start = fp8_disagg.idle_blocks("prefill")
     ids = prompt_ids(tokenizer, 200, seed=11)
     responses = fp8_disagg.call("prefill", role_inputs(ids), parameters={"request_type": "context_only"})
     handle = responses[-1].as_numpy("context_phase_params").reshape(-1).tobytes()
@@ -226,7 +226,7 @@ def test_a_captured_handle_without_the_key_gets_no_kv_and_the_victim_completes(f
 
 
 def test_role_models_refuse_requests_that_do_not_come_from_the_orchestrator(fp16_disagg, tokenizer):
-    start = fp16_disagg.kv_blocks("prefill")
+    start = fp16_disagg.idle_blocks("prefill")
     url = f"http://{fp16_disagg.server.http_url}"
     ids = prompt_ids(tokenizer, 900, seed=21)
     body = {"input_ids": ids, "input_lengths": [len(ids)], "request_output_len": [8],

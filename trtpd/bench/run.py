@@ -17,8 +17,7 @@ from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.bench.stats import BenchSummary, comparison_table, summarize
 from trtpd.engine.build import build_reference
 from trtpd.engine.checkpoint import load_checkpoint
-from trtpd.repo.reference import ReferenceDeployment
-from trtpd.serving import deployment
+from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.sim.workload import generate_requests, load_workload
 
 
@@ -43,6 +42,32 @@ def bench_url(url: str, requests: list[BenchRequest], label: str, console: Conso
         return run_stream(url, requests, timeout_s=timeout_s, on_done=lambda _: progress.advance(task))
 
 
+def _through_gateway(name: str, spec: ReferenceDeployment, counts: dict[str, int], requests: list[BenchRequest],
+                     model: str, console: Console) -> list[RequestResult]:
+    """Starts a fleet (each instance its own tritonserver) behind the gateway, runs the requests through the
+    OpenAI API, stops everything."""
+    from trtpd.bench.openai_load import run_openai
+    from trtpd.fleet.launcher import fleet_down, fleet_up
+    from trtpd.fleet.gateway_process import start_gateway
+
+    t0 = time.perf_counter()
+    fleet = fleet_up(name, spec, replace=True, **counts)
+    try:
+        fleet.gateway = start_gateway(name, fleet.folder / "gateway")
+        fleet.save()
+        url = f"http://127.0.0.1:{fleet.gateway['port']}/v1"
+        layout = ", ".join(f"{i.name} on cpu {','.join(map(str, i.cpus))}" for i in fleet.instances)
+        console.print(f"  {spec.mode}: fleet ready in {time.perf_counter() - t0:.1f} s ({layout}); "
+                      f"OpenAI API {url}; warming up")
+        run_openai(url, model, [replace(requests[0], request_id="warmup", send_at_s=0.0)])
+        with Progress(TextColumn(f"  {spec.mode:<14}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            task = progress.add_task(spec.mode, total=len(requests))
+            return run_openai(url, model, requests, on_done=lambda _: progress.advance(task))
+    finally:
+        fleet_down(name)
+
+
 def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, BenchSummary]:
     console = console or Console()
     started = time.perf_counter()
@@ -59,16 +84,10 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Ben
     base = ReferenceDeployment(build_root=root, kv_transport=opts.kv_transport,
                                colocated_instances=opts.colocated_instances)
     results: dict[str, list[RequestResult]] = {}
+    counts = {"disaggregated": {"prefill": 1, "decode": 1}, "colocated": {"colocated": opts.colocated_instances}}
     for mode in ("disaggregated", "colocated"):
-        t0 = time.perf_counter()
-        dep = deployment.up(f"demo-{mode}", replace(base, mode=mode), replace=True)
-        console.print(f"  {mode}: tritonserver ready in {time.perf_counter() - t0:.1f} s "
-                      f"(gRPC {dep.server.grpc_url}); warming up")
-        try:
-            run_stream(dep.server.grpc_url, [replace(requests[0], request_id="warmup", send_at_s=0.0)])
-            results[mode] = bench_url(dep.server.grpc_url, requests, mode, console)
-        finally:
-            deployment.down(dep.name)
+        results[mode] = _through_gateway(f"demo-{mode}", replace(base, mode=mode), counts[mode], requests,
+                                         opts.model, console)
     summaries = {mode: summarize(mode, res) for mode, res in results.items()}
     _print(console, summaries, results, time.perf_counter() - started)
     opts.output.parent.mkdir(parents=True, exist_ok=True)
@@ -79,11 +98,12 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Ben
 
 def _print(console: Console, summaries: dict[str, BenchSummary], results: dict[str, list[RequestResult]],
            elapsed_s: float) -> None:
-    table = Table("metric", *summaries.keys(), title="disaggregated (1 prefill + 1 decode) vs colocated, same 2 cores")
+    table = Table("metric", *summaries.keys(), title="through the OpenAI gateway: disaggregated (1 prefill + 1 decode "
+                                                     "instance) vs colocated instances, same cores")
     for row in comparison_table(list(summaries.values())):
         table.add_row(*row)
     console.print(table)
     a, b = results["disaggregated"], results["colocated"]
-    same = sum(1 for x, y in zip(a, b) if x.error is None and x.token_ids == y.token_ids)
+    same = sum(1 for x, y in zip(a, b) if x.error is None and y.error is None and x.text == y.text)
     console.print(f"  greedy outputs identical in both modes: {same}/{len(a)} requests")
     console.print(f"  main job took {elapsed_s:.1f} s")
