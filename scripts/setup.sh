@@ -38,4 +38,12 @@ if [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
          "install Debian's prometheus package by hand (the Prometheus tests will fail without it)"
   fi
 fi
+# NVIDIA's aiperf (HTTP load against the gateway's OpenAI API), for its one e2e test: in a venv of its own,
+# because it pulls ~80 packages (transformers, pandas, dash, ...) and would move versions in .venv.
+if [ "${TRTPD_SETUP_AIPERF:-0}" = 1 ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
+  echo "[setup] installing aiperf 0.13.0 into .venv-aiperf (about a minute)"
+  "$PY" -m venv .venv-aiperf
+  .venv-aiperf/bin/python -m pip install --quiet "aiperf==0.13.0" 2>&1 | grep -v "is ignored" || true
+  [ -x .venv-aiperf/bin/aiperf ] || echo "[setup] WARNING: aiperf did not install; its e2e test will fail"
+fi
 echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch;print("torch", torch.__version__)'))"
