@@ -35,7 +35,7 @@ def main() -> None:
     from trtpd.gateway.role_client import RoleClient, SamplingInputs
     from trtpd.kv.handle import load_or_create_key_file
     from trtpd.repo.reference import ReferenceDeployment
-    from trtpd.serving.tokenizers import load_text_tokenizer
+    from trtpd.engine.text_tokenizers import load_text_tokenizer
 
     root = build_reference("tiny-llama", args.engines)[0].parent
     fleet = fleet_up("bench-gw", ReferenceDeployment(root, mode="colocated"), colocated=1, replace=True)

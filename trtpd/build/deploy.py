@@ -53,7 +53,7 @@ def shared_model_plans(plan: BuildPlan, tokenizer_dir: str) -> list[ModelPlan]:
         ModelPlan("disagg_bls", "disagg_bls", {"instance_count": 1, "max_batch_size": batch, "mode": "disaggregated",
                                                "context_model_name": "prefill", "generation_model_name": "decode",
                                                # TensorRT-LLM: handle after prefill, no trtpd timing outputs
-                                               "kv_transfer": "after_prefill", "perf_outputs": "", "kv_key_file": "",
+                                               "kv_transfer": "after_prefill", "perf_outputs": "", "kv_key_file": "", "fleet_file": "",
                                                "colocated_model_name": "none"}),
         ModelPlan("ensemble", "ensemble", {"max_batch_size": batch, "bls_model": "disagg_bls",
                                            "preprocessing_model": "preprocessing",

@@ -21,6 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="one tritonserver per instance (own ports, state folder and cores) instead of one server, "
                         "behind an OpenAI-compatible gateway")
     p.add_argument("--gateway-port", type=a.port, default=0, help="--fleet: the gateway's port (default: a free one)")
+    p.add_argument("--triton-entry", action="store_true",
+                   help="--fleet: also a Triton server with the ensemble, routed across the instances like the gateway")
     p.add_argument("--api-key-file", help="--fleet: the gateway requires one of the keys in this file (one per line; "
                                           "default: no key)")
     add_reference_args(p)
@@ -36,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.fleet:
         return run_fleet(args)
-    if args.gateway_port or args.api_key_file:
-        raise a.ConfigError("--gateway-port and --api-key-file need --fleet (the single server has no gateway)")
+    if args.gateway_port or args.api_key_file or args.triton_entry:
+        raise a.ConfigError("--gateway-port, --api-key-file and --triton-entry need --fleet (the single server has "
+                            "no gateway; its ensemble is the Triton entry)")
     from trtpd.fleet.records import is_fleet
     if is_fleet(args.name):
         raise a.ConfigError(f"{args.name!r} is a fleet; `trtpd down --name {args.name}` first, or choose another --name")
@@ -74,7 +77,7 @@ def run_fleet(args: argparse.Namespace) -> int:
               {"prefill": spec.prefill_instances, "decode": spec.decode_instances})
     print(f"starting {mode} fleet {args.name!r} ({', '.join(f'{n} {r}' for r, n in counts.items())}; "
           f"decode first) ...", flush=True)
-    fleet = fleet_up(args.name, spec, replace=args.replace, **counts)
+    fleet = fleet_up(args.name, spec, replace=args.replace, triton_entry=args.triton_entry, **counts)
     try:
         fleet.gateway = start_gateway(fleet.name, fleet.folder / "gateway", port=args.gateway_port,
                                       api_key_file=args.api_key_file)
@@ -89,6 +92,10 @@ def run_fleet(args: argparse.Namespace) -> int:
         s = i.server
         print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  gRPC {i.grpc_url}  HTTP http://{i.http_url}  "
               f"metrics {i.metrics_url}  KV {i.kv_advertise or '-'}  cpus {','.join(map(str, i.cpus))}")
-    if shares_cores([i.cpus for i in fleet.instances]):
+    entry = next((i for i in fleet.instances if i.role == "entry"), None)
+    if entry is not None:
+        print(f"  Triton entry http://{entry.http_url}/v2/models/ensemble/generate_stream | gRPC {entry.grpc_url} "
+              f"(the ensemble, routed across the instances)")
+    if shares_cores([i.cpus for i in fleet.instances if i.role != "entry"]):
         print("  note: more instances than cores: instances share cores, so they slow each other down")
     return 0

@@ -25,7 +25,9 @@ def start_gateway(fleet_name: str, state_dir: Path, port: int = 0, api_key_file:
     state_dir.mkdir(parents=True, exist_ok=True)
     port_file, log_path = state_dir / "gateway.port", state_dir / "gateway.log"
     port_file.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "trtpd.gateway", "--fleet", fleet_name, "--port", str(port),
+    from trtpd.fleet.records import load_fleet
+
+    cmd = [sys.executable, "-m", "trtpd.gateway", "--fleet-file", str(load_fleet(fleet_name).path), "--port", str(port),
            "--port-file", str(port_file), *(["--api-key-file", api_key_file] if api_key_file else []),
            *(extra_args or [])]
     with open(log_path, "ab") as log:

@@ -78,20 +78,36 @@ def render_instance(spec: ReferenceDeployment, plan: InstancePlan, key_file: Pat
     return render_repository([ModelPlan(plan.role, "reference", values)], out_dir, overwrite=True)
 
 
+ENTRY = "entry"
+ENTRY_MODELS = ("preprocessing", "postprocessing", "disagg_bls", "ensemble")
+
+
+def render_entry(spec: ReferenceDeployment, fleet: FleetRecord, out_dir: Path) -> Path:
+    """The fleet's Triton entry: the single server's ensemble, pre/post-processing and orchestrator, whose
+    orchestrator reaches the fleet's role instances over gRPC (fleet_file) instead of local role models."""
+    plans = repository_plan(dataclasses.replace(spec, mode=fleet.mode), Path(fleet.key_file))
+    entry = [ModelPlan(p.name, p.template, {**p.values, "fleet_file": str(fleet.path)} if p.name == "disagg_bls"
+                       else p.values) for p in plans if p.name in ENTRY_MODELS]
+    return render_repository(entry, out_dir, overwrite=True)
+
+
 def instance_folder(fleet: FleetRecord, name: str) -> Path:
     return fleet.folder / "instances" / name
 
 
 def start_instance(spec: ReferenceDeployment, fleet: FleetRecord, plan: InstancePlan) -> InstanceRecord:
     """Renders and starts the instance's tritonserver (returns without waiting for readiness)."""
-    engine = spec.engine(Role(plan.role))
+    engine = spec.engine(Role.COLOCATED if fleet.mode == "colocated" else Role.DECODE) if plan.role == ENTRY \
+        else spec.engine(Role(plan.role))
     config = EngineConfig.load(engine)
     folder = instance_folder(fleet, plan.name)
     folder.mkdir(parents=True, exist_ok=True)
     stub_watch.clear_state(folder)
-    repo = render_instance(spec, plan, Path(fleet.key_file), folder / "repo")
+    repo = render_entry(spec, fleet, folder / "repo") if plan.role == ENTRY else \
+        render_instance(spec, plan, Path(fleet.key_file), folder / "repo")
     server = start_server(repo, folder, host=HOST, ports=plan.ports, cpus=plan.cpus)
     kv = f"{HOST}:{plan.kv_port}" if plan.role == Role.PREFILL.value else ""
-    return InstanceRecord(plan.name, plan.role, plan.role, server, str(engine), spec.kv_transport, kv, kv,
+    return InstanceRecord(plan.name, plan.role, "ensemble" if plan.role == ENTRY else plan.role, server,
+                          str(engine), spec.kv_transport, kv, kv,
                           list(plan.cpus), config.max_batch_size, config.num_kv_blocks, config.max_input_len,
                           config.max_seq_len)

@@ -17,7 +17,8 @@ from typing import Protocol
 from trtpd.engine.engine_config import EngineConfig, Role
 from trtpd.errors import ConfigError, TrtpdError
 from trtpd.fleet import records
-from trtpd.fleet.instance import InstancePlan, assign_cpus, instance_folder, pick_port, pick_ports, start_instance
+from trtpd.fleet.instance import (ENTRY, InstancePlan, assign_cpus, instance_folder, pick_port, pick_ports,
+                                  start_instance)
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.repo.reference import KEY_FILE, ReferenceDeployment, check_pair
 from trtpd.serving import deployment, stub_watch
@@ -94,8 +95,9 @@ def plan_waves(prefill: int, decode: int, colocated: int, cpus: list[int] | None
 
 def fleet_up(name: str, spec: ReferenceDeployment, *, prefill: int = 0, decode: int = 0, colocated: int = 0,
              timeout_s: float = 240.0, replace: bool = False, starter: Starter | None = None,
-             cpus: list[int] | None = None) -> FleetRecord:
-    """Starts the fleet `name` and returns once every instance is ready."""
+             cpus: list[int] | None = None, triton_entry: bool = False) -> FleetRecord:
+    """Starts the fleet `name` and returns once every instance is ready; with `triton_entry`, also a Triton
+    server holding the ensemble, whose orchestrator routes across the instances (after they are ready)."""
     mode = fleet_mode(prefill, decode, colocated)
     _check_name_free(name, replace)
     first = spec.engine(Role.COLOCATED if mode == "colocated" else Role.PREFILL)
@@ -122,6 +124,14 @@ def fleet_up(name: str, spec: ReferenceDeployment, *, prefill: int = 0, decode: 
                 fleet.save()
             for inst in started:
                 starter.wait_ready(inst, timeout_s)
+        if triton_entry:
+            used = {p for i in fleet.instances
+                    for p in (i.server.ports.http, i.server.ports.grpc, i.server.ports.metrics)}
+            plan = InstancePlan(ENTRY, ENTRY, sorted(os.sched_getaffinity(0) if cpus is None else cpus),
+                                pick_ports(used))
+            fleet.instances.append(starter.start(fleet, plan))
+            fleet.save()
+            starter.wait_ready(fleet.instances[-1], timeout_s)
     except BaseException:
         for inst in reversed(fleet.instances):
             try:

@@ -16,7 +16,7 @@ from trtpd.serving.deployment import deployment_dir, trtpd_home
 from trtpd.serving.tritonserver import ServerProcess
 
 FLEET_FILE = "fleet.json"
-ROLES = ("prefill", "decode", "colocated")
+ROLES = ("prefill", "decode", "colocated", "entry")   # entry: the Triton ensemble in front (optional)
 MODES = ("disaggregated", "colocated")
 
 

@@ -1,4 +1,4 @@
-"""`python -m trtpd.gateway --fleet NAME`: the gateway process for a running fleet (uvicorn on 127.0.0.1).
+"""`python -m trtpd.gateway --fleet-file FLEET.json`: the gateway for a running fleet (uvicorn on 127.0.0.1).
 `trtpd up --fleet` starts it; run it by hand to put a second gateway in front of the same fleet."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trtpd.gateway", description=__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--fleet", required=True, help="the fleet's deployment name (its fleet.json)")
+    p.add_argument("--fleet-file", required=True,
+                   help="the fleet's record: <TRTPD_HOME>/deployments/<name>/fleet.json")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=0, help="port (0: a free one, written to the port file)")
     p.add_argument("--port-file", help="write the bound port here once listening")

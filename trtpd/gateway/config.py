@@ -46,12 +46,20 @@ def checkpoint_facts(tokenizer_dir: Path) -> tuple[str, int]:
         int(config.get("eos_token_id", 2))
 
 
-def from_fleet(fleet, **overrides) -> GatewayConfig:
-    """A GatewayConfig for a fleet record (trtpd/fleet/records.py)."""
-    name, eos = checkpoint_facts(Path(fleet.tokenizer_dir))
-    instances = tuple(InstanceTarget(i.name, i.role, i.model, i.grpc_url, i.metrics_url) for i in fleet.instances)
-    serving = [i for i in fleet.instances if i.role in ("decode", "colocated")] or list(fleet.instances)
-    return GatewayConfig(model_name=name, mode=fleet.mode, instances=instances, key_file=Path(fleet.key_file),
-                         tokenizer_dir=Path(fleet.tokenizer_dir), eos_id=eos,
-                         max_input_len=min(i.max_input_len for i in fleet.instances),
-                         max_seq_len=min(i.max_seq_len for i in serving), **overrides)
+def from_fleet_file(path: Path, **overrides) -> GatewayConfig:
+    """A GatewayConfig for the fleet described by a fleet.json (trtpd/fleet/records.py writes it; the gateway
+    reads the file, not the fleet package, so the fleet may start the gateway without an import cycle)."""
+    try:
+        fleet = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        from trtpd.errors import TrtpdError
+        raise TrtpdError(f"{path}: cannot read the fleet record ({exc}); is the fleet running?") from None
+    roles = [i for i in fleet["instances"] if i["role"] in ("prefill", "decode", "colocated")]   # not the entry
+    instances = tuple(InstanceTarget(i["name"], i["role"], i["model"], i["grpc_url"], i["metrics_url"])
+                      for i in roles)
+    serving = [i for i in roles if i["role"] in ("decode", "colocated")] or roles
+    name, eos = checkpoint_facts(Path(fleet["tokenizer_dir"]))
+    return GatewayConfig(model_name=name, mode=fleet["mode"], instances=instances, key_file=Path(fleet["key_file"]),
+                         tokenizer_dir=Path(fleet["tokenizer_dir"]), eos_id=eos,
+                         max_input_len=min(i["max_input_len"] for i in roles),
+                         max_seq_len=min(i["max_seq_len"] for i in serving), **overrides)

@@ -23,11 +23,10 @@ def _api_keys(path: str | None) -> frozenset[str]:
 def serve(args) -> None:
     import uvicorn
 
-    from trtpd.fleet.records import load_fleet
     from trtpd.gateway.app import create_app
-    from trtpd.gateway.config import from_fleet
+    from trtpd.gateway.config import from_fleet_file
 
-    config = from_fleet(load_fleet(args.fleet), host=args.host, api_keys=_api_keys(args.api_key_file),
+    config = from_fleet_file(args.fleet_file, host=args.host, api_keys=_api_keys(args.api_key_file),
                         max_inflight=args.max_inflight, max_queued=args.max_queued, slo_ttft_s=args.slo_ttft_s,
                         slo_tpot_s=args.slo_tpot_s)
     sock = socket.socket()

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
 from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
-from trtpd.serving import error_kinds
+from trtpd import error_kinds
 
 OUTPUTS = ("output_ids", "sequence_length", "context_phase_params") + PERF_NAMES
 _DTYPES = {np.int32: "INT32", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL", np.uint8: "UINT8"}
@@ -65,7 +65,7 @@ class RoleChunk:
 
 
 def _role_error(message: str, instance: str) -> RoleError:
-    """The role model's own verdict travels as a tag in the message (trtpd/serving/error_kinds.py); an untagged
+    """The role model's own verdict travels as a tag in the message (trtpd/error_kinds.py); an untagged
     error came from Triton itself (model gone, stream broken): the instance is unavailable."""
     text, kind = error_kinds.parse(message)
     return RoleError(text, kind or "unavailable", instance)

@@ -50,7 +50,7 @@ class Ticket:
 class FleetService:
     def __init__(self, config: GatewayConfig, policy: RoutingPolicy | None = None) -> None:
         from trtpd.kv.handle import load_or_create_key_file
-        from trtpd.serving.tokenizers import load_text_tokenizer
+        from trtpd.engine.text_tokenizers import load_text_tokenizer
 
         self.config = config
         self.metrics = GatewayMetrics()

@@ -45,7 +45,8 @@ def repository_plan(dep: ReferenceDeployment, key_file: Path) -> list[ModelPlan]
         ModelPlan("disagg_bls", "disagg_bls", {**common, "mode": dep.mode, "context_model_name": "prefill",
                                                "generation_model_name": "decode", "colocated_model_name": "colocated",
                                                "kv_transfer": dep.kv_transfer, "perf_outputs": ",".join(PERF_OUTPUTS),
-                                               "kv_key_file": key_file.resolve(), "instance_count": dep.bls_instances}),
+                                               "kv_key_file": key_file.resolve(), "instance_count": dep.bls_instances,
+                                               "fleet_file": ""}),
         ModelPlan("ensemble", "ensemble", {**common, "preprocessing_model": "preprocessing",
                                            "bls_model": "disagg_bls", "postprocessing_model": "postprocessing"}),
     ]

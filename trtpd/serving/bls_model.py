@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -173,6 +174,11 @@ class DisaggBls:
         self.jobs_lock = threading.Lock()
         self.dead_message: str | None = None
         self.watch = StubWatch.from_env(args["model_name"], args.get("model_instance_name", ""), self._on_death)
+        # a fleet's Triton entry: the role instances are other servers, routed by the routing core
+        self.fleet = None
+        if params.get("fleet_file"):
+            from trtpd.serving.fleet_bridge import FleetBridge
+            self.fleet = FleetBridge(params["fleet_file"])
 
     def _on_death(self, message: str) -> int:
         """Fails every in-flight job with `message` (UNAVAILABLE) and frees its slot; returns how many."""
@@ -188,6 +194,8 @@ class DisaggBls:
     def finalize(self) -> None:
         if self.watch is not None:
             self.watch.stop()
+        if self.fleet is not None:
+            self.fleet.close()
 
     def execute(self, requests):
         for request in requests:
@@ -221,7 +229,9 @@ class DisaggBls:
             slot.acquire()
             if job.finished:   # failed by the stub watch while it waited for a slot
                 return
-            if self.mode == "colocated":
+            if self.fleet is not None:
+                self._through_fleet(job, slot)
+            elif self.mode == "colocated":
                 self._colocated(job, slot)
             else:
                 self._disaggregated(job, slot)
@@ -237,6 +247,36 @@ class DisaggBls:
             slot.release()
             with self.jobs_lock:
                 self.jobs.pop(job, None)
+
+    def _through_fleet(self, job: _Job, slot: Slot) -> None:
+        """Prefill and decode on the fleet's instances (or a colocated one), as the routing core decides."""
+        from trtpd.gateway.orchestrator import GatewayError
+        from trtpd.gateway.role_client import SamplingInputs
+
+        def value(name: str, default, kind):
+            return kind(job.inputs[name].reshape(-1)[0]) if name in job.inputs else default
+
+        sampling = SamplingInputs(max_new_tokens=job.max_tokens, temperature=value("temperature", 0.0, float),
+                                  top_p=value("runtime_top_p", 1.0, float), top_k=value("runtime_top_k", 0, int),
+                                  seed=value("seed", 0, int), end_id=-1 if job.end_id is None else job.end_id)
+        ids = [int(t) for t in job.inputs["input_ids"].reshape(-1)]
+        steps = self.fleet.generate(uuid.uuid4().hex[:16], ids, sampling)
+        try:
+            for step in steps:
+                slot.release()
+                if job.cancelled():   # the client went away: closing the steps cancels the remote request
+                    return
+                for name, ms in step.perf.items():
+                    if name in PERF_NAMES and name not in job.perf:
+                        dtype = np.int64 if name == "kv_transfer_bytes" else np.float32
+                        job.perf[name] = np.array([[ms]], dtype=dtype)
+                job.send_tokens(step.token_ids)
+                if job.finished:
+                    return
+        except GatewayError as exc:
+            raise BlsError(str(exc), exc.kind) from None
+        finally:
+            steps.close()
 
     def _keep_perf(self, job: _Job, outputs: dict) -> None:
         """First report wins: prefill's own timings over decode's view of them."""

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtpd.serving import error_kinds
+from trtpd import error_kinds
 
 ERROR_CODES = {
     "invalid_arg": "INVALID_ARG",

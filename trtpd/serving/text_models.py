@@ -17,7 +17,7 @@ from trtpd.engine.request import RequestError
 from trtpd.serving.pb import error_response, input_getter, model_parameters, request_label, tensor
 from trtpd.serving.request_parsing import parse_entry, parse_parameters, refuse_parameters
 from trtpd.serving.stub_watch import StubWatch
-from trtpd.serving.tokenizers import load_text_tokenizer
+from trtpd.engine.text_tokenizers import load_text_tokenizer
 
 
 class Preprocessing:

@@ -1,6 +1,6 @@
 """The error-kind tag: appended once, read back, absent on untagged messages."""
 
-from trtpd.serving import error_kinds
+from trtpd import error_kinds
 
 
 def test_tag_and_parse_round_trip():
