@@ -116,7 +116,8 @@ def _wait_for(predicate, timeout_s: float, what: str) -> None:
 
 
 def test_a_client_that_goes_away_mid_stream_frees_its_kv_at_once(gw_1p1d, prompts):
-    baseline = _instance_blocks(gw_1p1d)
+    baseline = {i.name: float(i.num_kv_blocks) for i in gw_1p1d.instances}   # idle: every block free
+    _wait_for(lambda: _instance_blocks(gw_1p1d) == baseline, 20.0, "the fleet was not idle before the test")
     url = f"http://127.0.0.1:{gw_1p1d.gateway['port']}/v1/completions"
     body = {"model": "tiny-llama", "prompt": prompts[511], "max_tokens": 1000, "temperature": 0, "stream": True}
     with httpx.stream("POST", url, json=body, timeout=60) as r:
