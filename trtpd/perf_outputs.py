@@ -11,3 +11,6 @@ PERF_OUTPUTS = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "kv_
 # the engine's per-request perf keys (seconds) -> the output tensor (milliseconds); kv_bytes -> kv_transfer_bytes
 ENGINE_PERF_MS = {"prefill_queue_s": "prefill_queue_ms", "prefill_compute_s": "prefill_compute_ms",
                   "kv_transfer_s": "kv_transfer_ms", "decode_queue_s": "decode_queue_ms"}
+
+# the TTFT breakdown: the millisecond outputs, in the order a request goes through them
+TTFT_PHASES_MS = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "decode_queue_ms")

@@ -20,7 +20,7 @@ from trtpd.deploy.spec import ReferenceDeployment
 
 pytestmark = pytest.mark.e2e
 
-LENGTHS = [1, 2, 17, 33, 100, 257, 511, 800, 1100, 1500]
+LENGTHS = [1, 2, 3, 17, 31, 32, 33, 64, 100, 200, 257, 400, 511, 640, 800, 1000, 1100, 1300, 1450, 1500]
 MAX_TOKENS = 16
 EOS = 2
 
@@ -47,10 +47,22 @@ def client_for(fleet, **kw) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
     # prompt_with_tokens counts BOS: the gateway tokenizes text the same way the ensemble's preprocessing does
-    return {n: prompt_with_tokens(tokenizer, n, seed=100 + n) for n in LENGTHS if n > 1}
+    return {n: "" if n == 1 else prompt_with_tokens(tokenizer, n, seed=100 + n) for n in LENGTHS}   # "": BOS only
 
 
-def ensemble_text(server, prompt: str) -> str:
+def ensemble_text(server, prompt: str, tokenizer=None) -> str:
+    """The single server's greedy text: through the ensemble, or, for the empty prompt (BOS only, which the
+    ensemble's text entry refuses), through its orchestrator with input_ids."""
+    if not prompt:
+        import numpy as np
+
+        responses = server.call("disagg_bls", {
+            "input_ids": np.array([[1]], dtype=np.int32), "input_lengths": np.array([[1]], dtype=np.int32),
+            "request_output_len": np.array([[MAX_TOKENS]], dtype=np.int32),
+            "end_id": np.array([[EOS]], dtype=np.int32)})
+        ids = [int(t) for r in responses if r.as_numpy("output_ids") is not None
+               for t in r.as_numpy("output_ids").reshape(-1)]
+        return tokenizer.decode([t for t in ids if t != EOS])
     status, [body] = server.generate({"text_input": prompt, "max_tokens": MAX_TOKENS, "end_id": EOS})
     assert status == 200, body
     return body["text_output"]
@@ -62,7 +74,7 @@ def test_greedy_completions_equal_the_single_server_ensemble(gw_1p1d, fp16_disag
         whole = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
         chunks = list(client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=MAX_TOKENS,
                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
-        expected = ensemble_text(fp16_disagg, prompt)
+        expected = ensemble_text(fp16_disagg, prompt, tokenizer)
         assert whole.choices[0].text == expected, n
         assert "".join(c.choices[0].text for c in chunks if c.choices) == expected, n
         assert whole.usage.prompt_tokens == len(tokenizer.encode(prompt)) == n
@@ -133,10 +145,12 @@ def gw_2p2d(trtpd_home, fp16_root):
     yield from _fleet_with_gateway("gw-2p2d", ReferenceDeployment(fp16_root), prefill=2, decode=2)
 
 
-def test_2p2d_every_instance_serves_and_their_metrics_differ(gw_2p2d, prompts):
+def test_2p2d_every_instance_serves_and_their_metrics_differ(gw_2p2d, fp16_disagg, prompts):
     client = client_for(gw_2p2d)
     for i in range(12):
-        client.completions.create(model="tiny-llama", prompt=prompts[[17, 100, 257][i % 3]], max_tokens=4)
+        n = [17, 100, 257][i % 3]
+        reply = client.completions.create(model="tiny-llama", prompt=prompts[n], max_tokens=MAX_TOKENS, temperature=0)
+        assert reply.choices[0].text == ensemble_text(fp16_disagg, prompts[n]), n   # whichever instances served
     served = {}
     for inst in gw_2p2d.instances:
         text = urllib.request.urlopen(inst.metrics_url, timeout=5).read().decode()
@@ -150,3 +164,33 @@ def test_2p2d_every_instance_serves_and_their_metrics_differ(gw_2p2d, prompts):
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{gw_2p2d.gateway['port']}/metrics").read().decode()
     assert "trtpd_gateway_ttft_seconds_count 12.0" in metrics
     assert 'trtpd_gateway_ttft_breakdown_seconds_count{phase="prefill_compute"}' in metrics
+
+
+def test_a_burst_over_capacity_gets_429s_not_timeouts_and_the_gateway_recovers(gw_1p1d, prompts):
+    """A second gateway on the same fleet with room for 2 in flight and 2 queued: of 12 requests sent at
+    once, the ones beyond that are refused at once with 429; afterwards it serves again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trtpd.fleet.gateway_process import start_gateway, stop_gateway
+
+    small = start_gateway("gw-1p1d", gw_1p1d.folder / "gateway-small",
+                          extra_args=["--max-inflight", "2", "--max-queued", "2"])
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{small['port']}/v1", api_key="none", max_retries=0)
+
+        def one(i):
+            started = time.monotonic()
+            try:
+                client.completions.create(model="tiny-llama", prompt=prompts[640], max_tokens=32, temperature=0)
+                return 200, time.monotonic() - started
+            except openai.APIStatusError as exc:
+                return exc.status_code, time.monotonic() - started
+        with ThreadPoolExecutor(12) as pool:
+            results = list(pool.map(one, range(12)))
+        codes = sorted(code for code, _ in results)
+        print(f"burst of 12 on max_inflight 2 + max_queued 2: {codes}")
+        assert set(codes) == {200, 429} and codes.count(200) >= 4
+        assert all(seconds < 5.0 for code, seconds in results if code == 429)    # refused at once, not timed out
+        assert client.completions.create(model="tiny-llama", prompt="again", max_tokens=2).usage.completion_tokens
+    finally:
+        stop_gateway(small)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from trtpd.bench.client import RequestResult
+from trtpd.perf_outputs import TTFT_PHASES_MS
 from trtpd.sim.metrics import Percentiles, percentiles  # noqa: F401  (percentiles: the one function, re-exported)
 
 
@@ -44,7 +45,7 @@ def summarize(label: str, results: list[RequestResult], ttft_slo_s: float | None
     if ttft_slo_s is not None and tpot_slo_s is not None and results:
         met = sum(1 for r in ok if r.ttft_s <= ttft_slo_s and (r.tpot_s is None or r.tpot_s <= tpot_slo_s))
         attainment = met / len(results)
-    keys = ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "decode_queue_ms")
+    keys = TTFT_PHASES_MS
     breakdown = {k: float(np.mean([r.perf[k] for r in ok if k in r.perf])) for k in keys
                  if any(k in r.perf for r in ok)}
     return BenchSummary(label, len(results), errors, percentiles([r.ttft_s for r in ok]),
@@ -65,7 +66,7 @@ def comparison_table(summaries: list[BenchSummary]) -> list[list[str]]:
         rows.append(["SLO attainment"] + ["-" if s.slo_attainment is None else f"{s.slo_attainment:.0%}"
                                            for s in summaries])
     keys = sorted({k for s in summaries for k in s.breakdown_ms})
-    for k in ("prefill_queue_ms", "prefill_compute_ms", "kv_transfer_ms", "decode_queue_ms"):
+    for k in TTFT_PHASES_MS:
         if k in keys:
             rows.append([f"mean {k.replace('_ms', '')} (ms)"] + [f"{s.breakdown_ms[k]:.1f}" if k in s.breakdown_ms
                                                                    else "-" for s in summaries])
