@@ -194,3 +194,39 @@ def test_a_burst_over_capacity_gets_429s_not_timeouts_and_the_gateway_recovers(g
         assert client.completions.create(model="tiny-llama", prompt="again", max_tokens=2).usage.completion_tokens
     finally:
         stop_gateway(small)
+
+
+def test_a_draining_instance_gets_no_new_request_and_serves_again_when_ready(gw_2p2d, prompts):
+    from trtpd.kv.auth import derive_key
+    from trtpd.kv.handle import load_or_create_key_file
+
+    base = f"http://127.0.0.1:{gw_2p2d.gateway['port']}"
+    token = derive_key(load_or_create_key_file(gw_2p2d.key_file), "gateway-admin").hex()
+
+    def put_state(name: str, state: str, auth: str = token) -> httpx.Response:
+        return httpx.put(f"{base}/admin/instances/{name}", json={"state": state},
+                         headers={"Authorization": f"Bearer {auth}"}, timeout=10)
+
+    def completed() -> dict[str, float]:
+        out = {}
+        for inst in gw_2p2d.instances:
+            text = urllib.request.urlopen(inst.metrics_url, timeout=5).read().decode()
+            out[inst.name] = next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                                  if line.startswith("nv_trt_llm_request_metrics{")
+                                  and 'request_type="completed"' in line)
+        return out
+
+    assert put_state("prefill-1", "draining", auth="wrong").status_code == 401
+    assert put_state("nope", "draining").status_code == 404
+    answer = put_state("prefill-1", "draining")
+    assert answer.status_code == 200 and answer.json()["state"] == "draining"
+    before = completed()
+    client = client_for(gw_2p2d)
+    for i in range(6):
+        client.completions.create(model="tiny-llama", prompt=prompts[[17, 100][i % 2]], max_tokens=2)
+    _wait_for(lambda: completed()["prefill-0"] == before["prefill-0"] + 6, 10.0, "prefill-0 did not serve all 6")
+    assert completed()["prefill-1"] == before["prefill-1"]           # drained: nothing new
+    assert put_state("prefill-1", "ready").json()["state"] == "ready"
+    for i in range(4):
+        client.completions.create(model="tiny-llama", prompt=prompts[17], max_tokens=2)
+    _wait_for(lambda: completed()["prefill-1"] > before["prefill-1"], 10.0, "prefill-1 did not serve again")

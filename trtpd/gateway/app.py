@@ -82,6 +82,18 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
                                        "unauthorized", code="invalid_api_key"))
         return await call_next(request)
 
+    @app.put("/admin/instances/{name}")
+    async def instance_state(name: str, request: Request):
+        """{"state": "draining" | "ready"}; needs `Authorization: Bearer <admin token>` (FleetService.admin_token)."""
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given, service.admin_token):
+            raise ApiError("missing or wrong admin token", "unauthorized", code="invalid_admin_token")
+        try:
+            state = json.loads(await request.body()).get("state")
+        except (json.JSONDecodeError, AttributeError):
+            raise ApiError('the body must be {"state": "draining" | "ready"}', "invalid_arg", "state") from None
+        return service.set_instance_state(name, state)
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": config.model_name, "object": "model", "created": 0,

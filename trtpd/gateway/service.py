@@ -100,15 +100,35 @@ class FleetService:
             except Exception:   # a probe bug must not stop routing updates for good
                 log.exception("probing the instances failed")
 
+    @property
+    def admin_token(self) -> str:
+        """What the fleet's controller sends (Bearer) to /admin: derived from the deployment key, so only
+        the deployment's owner (the key file is 0600) can drain or restore an instance."""
+        from trtpd.kv.auth import derive_key
+        return derive_key(self.key, "gateway-admin").hex()
+
+    def set_instance_state(self, name: str, state: str) -> dict:
+        """Drains an instance (it gets no new request at once; what it serves finishes) or makes it ready."""
+        from trtpd.gateway.app import ApiError
+
+        if name not in {i.name for i in self.config.instances}:
+            raise ApiError(f"no instance {name!r} in this fleet", "not_found", "name")
+        if state not in ("draining", "ready"):
+            raise ApiError(f"state must be draining or ready, got {state!r}", "invalid_arg", "state")
+        self.router.set_state(name, state)
+        return next(v for v in self.health()["instances"] if v["name"] == name)
+
     def health(self) -> dict:
         """seed 000 §4.5's health answer: status, and per instance its role, state and utilisation."""
-        instances = [{"name": v.name, "role": v.role, "state": v.state, "waiting": v.waiting, "active": v.active,
+        states = {v.name: v.state for v in self.router.instances()}   # with the router's overrides (draining)
+        instances = [{"name": v.name, "role": v.role, "state": states.get(v.name, v.state), "waiting": v.waiting,
+                      "active": v.active,
                       "kv_utilisation": round(1 - v.free_kv_blocks / v.max_kv_blocks, 4) if v.max_kv_blocks else None,
                       "batch_utilisation": round(v.active / v.max_batch_size, 4) if v.max_batch_size else None}
                      for v in self.views]
         needed = ("colocated",) if self.config.mode == "colocated" else ("prefill", "decode")
-        ready = {v.role for v in self.views if v.state == "ready"}
-        all_ready = all(v.state == "ready" for v in self.views)
+        ready = {i["role"] for i in instances if i["state"] == "ready"}
+        all_ready = all(i["state"] in ("ready", "draining") for i in instances)   # draining is planned, not a fault
         status = "ok" if all_ready else "degraded" if all(r in ready for r in needed) else "unavailable"
         return {"status": status, "mode": self.config.mode, "model": self.config.model_name,
                 "inflight": self.config.max_inflight - self._slots._value if self._slots else 0,
