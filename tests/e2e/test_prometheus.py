@@ -117,9 +117,11 @@ def test_prometheus_scrapes_a_fleet_and_loads_the_alerts(trtpd_home, fp16_root, 
         dashboard = json.loads((data_dir("configs") / "grafana" / "trtpd-dashboard.json").read_text())
         exprs = [(pn["title"], t["expr"]) for pn in dashboard["panels"] for t in pn.get("targets", [])]
         empty = []
-        for title, expr in exprs:
+        for title, expr in exprs:   # a rate() needs two scrapes that saw the counter move: poll, bounded
             concrete = expr.replace("$__rate_interval", "30s").replace("$role", ".*")
-            if not prom.query(p.url, concrete):
+            try:
+                wait_for(title, lambda q=concrete: prom.query(p.url, q), timeout_s=20.0)
+            except AssertionError:
                 empty.append(title)
         assert exprs and not empty, f"dashboard panels without data from a fleet that served 8 requests: {empty}"
     finally:
