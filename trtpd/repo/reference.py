@@ -14,7 +14,6 @@ from pathlib import Path
 
 # KEY_FILE, ReferenceDeployment and check_pair are imported from here by trtpd.fleet and trtpd.bench.run
 from trtpd.deploy.spec import KEY_FILE, KV_TRANSPORTS, MODES, ReferenceDeployment, key_file_for
-from trtpd.engine.build import engine_dir
 from trtpd.engine.engine_config import EngineConfig, Role
 from trtpd.errors import ConfigError
 from trtpd.lint import check_pair, lint_repository
@@ -81,4 +80,5 @@ def render_reference_repository(dep: ReferenceDeployment, out_dir: Path, *, over
 
 
 def default_build_root(engines_dir: Path, model: str, kv_dtype: str) -> Path:
+    from trtpd.engine.build import engine_dir   # torch: only when a build root is asked for
     return engine_dir(engines_dir, model, kv_dtype, Role.PREFILL).parent

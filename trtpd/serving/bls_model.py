@@ -173,7 +173,8 @@ class DisaggBls:
         self.jobs: dict[_Job, _Slot] = {}
         self.jobs_lock = threading.Lock()
         self.dead_message: str | None = None
-        self.watch = StubWatch.from_env(args["model_name"], args.get("model_instance_name", ""), self._on_death)
+        self.watch = StubWatch.from_env(args["model_name"], args.get("model_instance_name", ""), self._on_death,
+                                        on_stopping=self._on_death)
         # a fleet's Triton entry: the role instances are other servers, routed by the routing core
         self.fleet = None
         if params.get("fleet_file"):

@@ -87,7 +87,8 @@ class RoleModel:
         self._watcher = threading.Thread(target=self._watch, name=f"{self.model_name}-watch", daemon=True)
         self._watcher.start()
         # registers this stub; stops the deployment when a peer stub dies, exits when tritonserver does
-        self.stub_watch = StubWatch.from_env(self.model_name, args.get("model_instance_name", ""))
+        self.stub_watch = StubWatch.from_env(self.model_name, args.get("model_instance_name", ""),
+                                             on_stopping=self._fail_all)
 
     # ---- requests in ----------------------------------------------------------------------
     def execute(self, requests):
@@ -184,12 +185,21 @@ class RoleModel:
                 except Exception:
                     pass
 
+    def _fail_all(self, message: str) -> None:
+        """Ends every request in flight with UNAVAILABLE `message` and aborts it in the engine (frees its KV)."""
+        with self.lock:
+            active, self.active = self.active, {}
+            for a in active.values():
+                a.sender.send(error_response(message, "unavailable"), flags=FINAL)
+        for request_id in active:
+            self.loop.abort(request_id)
+
     def finalize(self) -> None:
         if getattr(self, "stub_watch", None) is not None:
             self.stub_watch.stop()   # an orderly exit, not a death
         self._stop.set()
-        self._watcher.join(2.0)
-        self.loop.stop()
+        self._watcher.join(1.0)
+        self.loop.stop(timeout_s=2.0)   # at most one step more: the server is going away
         self.outbox.put(None)
-        self._responder.join(2.0)
+        self._responder.join(1.0)
         self.loaded.close()

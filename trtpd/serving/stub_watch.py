@@ -37,6 +37,7 @@ STATE_ENV = "TRTPD_STATE_DIR"
 SHM_ENV = "TRTPD_SHM_PREFIX"
 DEATHS_FILE = "deaths.json"
 STOPPING_FILE = "stopping"
+STOPPING_MESSAGE = "the deployment is stopping (trtpd down); retry once it is up again"
 POLL_S = 0.25
 GRACE_S = 1.0
 log = logging.getLogger(__name__)
@@ -189,9 +190,14 @@ class StubWatch:
     `on_death(message)` fails the caller's in-flight requests and returns how many it failed."""
 
     def __init__(self, state_dir: Path, model: str, instance: str,
-                 on_death: Callable[[str], int] | None = None, poll_s: float = POLL_S, start: bool = True) -> None:
+                 on_death: Callable[[str], int] | None = None, poll_s: float = POLL_S, start: bool = True,
+                 on_stopping: Callable[[str], object] | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.on_death = on_death
+        # `trtpd down` marked the deployment stopping: end the requests in flight at once, so tritonserver
+        # has none left to wait its exit timeout for
+        self.on_stopping = on_stopping
+        self._stopping_seen = False
         self.poll_s = poll_s
         self.grace_s = GRACE_S
         self.kill = os.kill      # how the server is signalled (tests replace it)
@@ -205,9 +211,10 @@ class StubWatch:
             spawn_guard(self.me, self.state_dir)
 
     @classmethod
-    def from_env(cls, model: str, instance: str, on_death: Callable[[str], int] | None = None) -> "StubWatch | None":
+    def from_env(cls, model: str, instance: str, on_death: Callable[[str], int] | None = None,
+                 on_stopping: Callable[[str], object] | None = None) -> "StubWatch | None":
         state_dir = os.environ.get(STATE_ENV)
-        return cls(Path(state_dir), model, instance, on_death) if state_dir else None
+        return cls(Path(state_dir), model, instance, on_death, on_stopping=on_stopping) if state_dir else None
 
     def stop(self) -> None:
         """Orderly end (the model's finalize): deregister first, so no peer reports this exit as a death."""
@@ -226,7 +233,12 @@ class StubWatch:
             self.stop()
             remove_shm(os.environ.get(SHM_ENV, ""))
             os._exit(1)
-        if self._handled or (self.state_dir / STOPPING_FILE).exists():
+        if (self.state_dir / STOPPING_FILE).exists():
+            if not self._stopping_seen and self.on_stopping is not None:
+                self._stopping_seen = True
+                self.on_stopping(STOPPING_MESSAGE)
+            return
+        if self._handled:
             return
         record = read_death(self.state_dir)
         if record is not None and record.get("server_pid") == self.me.server_pid:

@@ -27,7 +27,7 @@ from trtpd.errors import TrtpdError
 SHM_DIR = Path("/dev/shm")
 SHM_POOL_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 16 << 20
-EXIT_TIMEOUT_S = 5
+EXIT_TIMEOUT_S = 3
 
 
 class ServerError(TrtpdError):
