@@ -195,5 +195,15 @@ def tokenizer(fp16_root):
     return load_checkpoint(fp16_root / "checkpoint").load_tokenizer()
 
 
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    """Polls `predicate` every 0.1 s until it holds; fails saying `what` did not happen within the bound."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{what} within {timeout_s} s")
+
+
 def with_id(req: BenchRequest, rid: str) -> BenchRequest:
     return replace(req, request_id=rid)

@@ -18,6 +18,8 @@ from trtpd.fleet.launcher import fleet_down, fleet_up
 from trtpd.fleet.gateway_process import start_gateway
 from trtpd.deploy.spec import ReferenceDeployment
 
+from .conftest import wait_for
+
 pytestmark = pytest.mark.e2e
 
 LENGTHS = [1, 2, 3, 17, 31, 32, 33, 64, 100, 200, 257, 400, 511, 640, 800, 1000, 1100, 1300, 1450, 1500]
@@ -118,18 +120,9 @@ def _instance_blocks(fleet) -> dict[str, float]:
     return out
 
 
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} within {timeout_s} s")
-
-
 def test_a_client_that_goes_away_mid_stream_frees_its_kv_at_once(gw_1p1d, prompts):
     baseline = {i.name: float(i.num_kv_blocks) for i in gw_1p1d.instances}   # idle: every block free
-    _wait_for(lambda: _instance_blocks(gw_1p1d) == baseline, 20.0, "the fleet was not idle before the test")
+    wait_for(lambda: _instance_blocks(gw_1p1d) == baseline, 20.0, "the fleet was not idle before the test")
     url = f"http://127.0.0.1:{gw_1p1d.gateway['port']}/v1/completions"
     body = {"model": "tiny-llama", "prompt": prompts[511], "max_tokens": 1000, "temperature": 0, "stream": True}
     with httpx.stream("POST", url, json=body, timeout=60) as r:
@@ -137,7 +130,7 @@ def test_a_client_that_goes_away_mid_stream_frees_its_kv_at_once(gw_1p1d, prompt
         got = [next(lines) for _ in range(6)]      # a few tokens in, then hang up
     assert any(g.startswith("data:") for g in got)
     # decode's blocks return long before 1,000 tokens could have been generated (and prefill's once pulled)
-    _wait_for(lambda: _instance_blocks(gw_1p1d) == baseline, 10.0, "KV blocks did not return to baseline")
+    wait_for(lambda: _instance_blocks(gw_1p1d) == baseline, 10.0, "KV blocks did not return to baseline")
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +217,9 @@ def test_a_draining_instance_gets_no_new_request_and_serves_again_when_ready(gw_
     client = client_for(gw_2p2d)
     for i in range(6):
         client.completions.create(model="tiny-llama", prompt=prompts[[17, 100][i % 2]], max_tokens=2)
-    _wait_for(lambda: completed()["prefill-0"] == before["prefill-0"] + 6, 10.0, "prefill-0 did not serve all 6")
+    wait_for(lambda: completed()["prefill-0"] == before["prefill-0"] + 6, 10.0, "prefill-0 did not serve all 6")
     assert completed()["prefill-1"] == before["prefill-1"]           # drained: nothing new
     assert put_state("prefill-1", "ready").json()["state"] == "ready"
     for i in range(4):
         client.completions.create(model="tiny-llama", prompt=prompts[17], max_tokens=2)
-    _wait_for(lambda: completed()["prefill-1"] > before["prefill-1"], 10.0, "prefill-1 did not serve again")
+    wait_for(lambda: completed()["prefill-1"] > before["prefill-1"], 10.0, "prefill-1 did not serve again")

@@ -18,6 +18,8 @@ from trtpd.fleet.launcher import fleet_down, fleet_up
 from trtpd.fleet.gateway_process import start_gateway
 from trtpd.deploy.spec import ReferenceDeployment
 
+from .conftest import wait_for
+
 pytestmark = pytest.mark.e2e
 
 NUM_REQUESTS = 8
@@ -65,15 +67,6 @@ def free_blocks(inst) -> float:
 def load_lines(inst) -> list[str]:
     text = urllib.request.urlopen(inst.metrics_url, timeout=5).read().decode()
     return [line for line in text.splitlines() if line.startswith("nv_trt_llm_request_metrics{")]
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} within {timeout_s} s")
 
 
 def run_while_killing(fleet, prompts: list[str], victim) -> list[tuple[str, str | None, float]]:
