@@ -69,10 +69,17 @@ def load_lines(inst) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("nv_trt_llm_request_metrics{")]
 
 
+def busy(inst) -> bool:
+    """The instance holds requests now (waiting or active, from its own metrics)."""
+    text = urllib.request.urlopen(inst.metrics_url, timeout=5).read().decode()
+    return any(line.startswith("nv_trt_llm_request_metrics{") and ('request_type="active"' in line or
+               'request_type="waiting"' in line) and float(line.rsplit(" ", 1)[1]) > 0 for line in text.splitlines())
+
+
 def run_while_killing(fleet, prompts: list[str], victim) -> list[tuple[str, str | None, float]]:
     with ThreadPoolExecutor(len(prompts)) as pool:
         futures = [pool.submit(stream_text, fleet, p) for p in prompts]
-        time.sleep(0.3)   # the requests are in flight (prefill of ~800-token prompts takes longer than this)
+        wait_for(lambda: busy(victim), 20.0, f"{victim.name} did not get any of the requests")
         os.kill(victim.server.pid, signal.SIGKILL)
         return [f.result(timeout=BOUND_S + 10) for f in futures]
 
