@@ -12,8 +12,9 @@ from trtpd.cli import args as a
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="build, deploy and compare disaggregated vs colocated on this CPU",
                        description="Build the reference engines, run the same workload through a disaggregated and "
-                                   "a colocated deployment of the real tritonserver (gRPC streaming), print TTFT, "
-                                   "TPOT and tokens/s side by side, stop everything.")
+                                   "a colocated fleet (each instance its own tritonserver) behind the OpenAI "
+                                   "gateway with the openai client, print TTFT, ITL, TPOT, worst stall and tokens/s "
+                                   "side by side, stop everything.")
     d = DemoOptions()
     p.add_argument("--rate", type=a.positive_float, default=d.rate_per_s, help="requests per second")
     p.add_argument("--num-requests", type=a.positive_int, default=d.num_requests, help="requests per deployment")
