@@ -48,7 +48,7 @@ def main() -> None:
     from trtpd.deploy.spec import ReferenceDeployment
     from trtpd.engine.build import build_reference
     from trtpd.engine.checkpoint import load_checkpoint
-    from trtpd.fleet.gateway_process import start_gateway
+    from trtpd.fleet.gateway_process import attach_gateway
     from trtpd.fleet.launcher import fleet_down, fleet_up
 
     root = build_reference("tiny-llama", args.engines)[0].parent
@@ -58,8 +58,7 @@ def main() -> None:
     for mode, counts in (("disaggregated", {"prefill": 1, "decode": 1}), ("colocated", {"colocated": 2})):
         fleet = fleet_up(f"cpu-{mode}", ReferenceDeployment(root, mode=mode), replace=True, **counts)
         try:
-            fleet.gateway = start_gateway(fleet.name, fleet.folder / "gateway")
-            fleet.save()
+            attach_gateway(fleet)
             url = f"http://127.0.0.1:{fleet.gateway['port']}/v1"
             run_openai(url, "tiny-llama", [replace(requests[0], request_id="warmup", send_at_s=0.0)])
             pgids = {i.server.pid for i in fleet.instances}

@@ -31,7 +31,7 @@ def main() -> None:
 
     from trtpd.engine.build import build_reference
     from trtpd.fleet.launcher import fleet_down, fleet_up
-    from trtpd.fleet.gateway_process import start_gateway
+    from trtpd.fleet.gateway_process import attach_gateway
     from trtpd.gateway.role_client import RoleClient, SamplingInputs
     from trtpd.kv.handle import load_or_create_key_file
     from trtpd.repo.reference import ReferenceDeployment
@@ -40,8 +40,7 @@ def main() -> None:
     root = build_reference("tiny-llama", args.engines)[0].parent
     fleet = fleet_up("bench-gw", ReferenceDeployment(root, mode="colocated"), colocated=1, replace=True)
     try:
-        fleet.gateway = start_gateway("bench-gw", fleet.folder / "gateway")
-        fleet.save()
+        attach_gateway(fleet)
         inst = fleet.instances[0]
         prompt = "The quick brown fox"
         ids = load_text_tokenizer(fleet.tokenizer_dir).encode(prompt)

@@ -3,6 +3,7 @@ real KV transport. Deployments start once per session and stop at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -193,6 +194,20 @@ def mismatched(trtpd_home, fp16_root, fp8_root, tmp_path_factory):
 def tokenizer(fp16_root):
     from trtpd.engine.checkpoint import load_checkpoint
     return load_checkpoint(fp16_root / "checkpoint").load_tokenizer()
+
+
+@contextlib.contextmanager
+def fleet_with_gateway(name: str, spec: ReferenceDeployment, **counts):
+    """A fleet (each instance its own tritonserver) behind the OpenAI gateway, stopped (every process, by pid)
+    on the way out."""
+    from trtpd.fleet.gateway_process import attach_gateway
+    from trtpd.fleet.launcher import fleet_down, fleet_up
+
+    fleet = fleet_up(name, spec, replace=True, **counts)
+    try:
+        yield attach_gateway(fleet)
+    finally:
+        fleet_down(name)
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from trtpd.bench.hf_tokenizer import export
-from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.fleet.gateway_process import start_gateway
 from trtpd.deploy.spec import ReferenceDeployment
+
+from .conftest import fleet_with_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -32,13 +32,8 @@ FLEET = "bench-gw-1p1d"
 
 @pytest.fixture(scope="module")
 def fleet(trtpd_home, fp16_root):
-    record = fleet_up(FLEET, ReferenceDeployment(fp16_root), prefill=1, decode=1, replace=True)
-    try:
-        record.gateway = start_gateway(FLEET, record.folder / "gateway")
-        record.save()
+    with fleet_with_gateway(FLEET, ReferenceDeployment(fp16_root), prefill=1, decode=1) as record:
         yield record
-    finally:
-        fleet_down(FLEET)
 
 
 def gateway_completions(fleet) -> float:

@@ -13,12 +13,9 @@ import openai
 import pytest
 
 from trtpd.bench.prompts import prompt_with_tokens
-from trtpd.fleet import records
-from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.fleet.gateway_process import start_gateway
 from trtpd.deploy.spec import ReferenceDeployment
 
-from .conftest import wait_for
+from .conftest import fleet_with_gateway, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -28,13 +25,8 @@ EOS = 2
 
 
 def _fleet_with_gateway(name: str, spec: ReferenceDeployment, **counts):
-    fleet = fleet_up(name, spec, replace=True, **counts)
-    try:
-        fleet.gateway = start_gateway(name, fleet.folder / "gateway")
-        fleet.save()
+    with fleet_with_gateway(name, spec, **counts) as fleet:
         yield fleet
-    finally:
-        fleet_down(name)
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,9 @@ import openai
 import pytest
 
 from trtpd.bench.prompts import prompt_with_tokens
-from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.fleet.gateway_process import start_gateway
 from trtpd.deploy.spec import ReferenceDeployment
 
-from .conftest import wait_for
+from .conftest import fleet_with_gateway, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -30,14 +28,9 @@ BOUND_S = 60.0     # no request may take longer than this, whatever fails
 @pytest.fixture
 def fleet(trtpd_home, fp16_root):
     # a short transfer timeout: a handle abandoned when its decode died is freed by prefill within 5 s
-    fleet = fleet_up("gw-faults", ReferenceDeployment(fp16_root, kv_transport="tcp", kv_transfer_timeout_ms=5000),
-                     prefill=2, decode=2, replace=True)
-    try:
-        fleet.gateway = start_gateway("gw-faults", fleet.folder / "gateway")
-        fleet.save()
+    with fleet_with_gateway("gw-faults", ReferenceDeployment(fp16_root, kv_transport="tcp",
+                                                             kv_transfer_timeout_ms=5000), prefill=2, decode=2) as fleet:
         yield fleet
-    finally:
-        fleet_down("gw-faults")
 
 
 def client(fleet) -> openai.OpenAI:

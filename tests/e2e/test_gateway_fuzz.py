@@ -8,21 +8,16 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from trtpd.deploy.spec import ReferenceDeployment
-from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.fleet.gateway_process import start_gateway
+
+from .conftest import fleet_with_gateway
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def gateway_schema(trtpd_home, fp16_root):
-    fleet = fleet_up("gw-fuzz", ReferenceDeployment(fp16_root), prefill=1, decode=1, replace=True)
-    try:
-        fleet.gateway = start_gateway("gw-fuzz", fleet.folder / "gateway")
-        fleet.save()
+    with fleet_with_gateway("gw-fuzz", ReferenceDeployment(fp16_root), prefill=1, decode=1) as fleet:
         yield schemathesis.openapi.from_url(f"http://127.0.0.1:{fleet.gateway['port']}/openapi.json")
-    finally:
-        fleet_down("gw-fuzz")
 
 
 def test_no_generated_request_gets_a_server_error(gateway_schema):

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 
+from trtpd.fleet.gateway_process import attach_gateway
 from trtpd.fleet.launcher import fleet_down, fleet_up
-from trtpd.fleet.gateway_process import start_gateway
 from trtpd.observability import prometheus as prom
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.resources import data_dir
@@ -56,8 +56,7 @@ def test_prometheus_scrapes_a_fleet_and_loads_the_alerts(trtpd_home, fp16_root, 
     fleet = fleet_up(NAME, ReferenceDeployment(fp16_root), prefill=1, decode=1, replace=True)
     p = None
     try:
-        fleet.gateway = start_gateway(NAME, fleet.folder / "gateway")
-        fleet.save()
+        attach_gateway(fleet)
         port = fleet.gateway["port"]
         for i in range(4):
             complete(port, f"Observability request {i}: the quick brown fox", stream=bool(i % 2))

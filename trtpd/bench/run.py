@@ -48,13 +48,12 @@ def _through_gateway(name: str, spec: ReferenceDeployment, counts: dict[str, int
     OpenAI API, stops everything."""
     from trtpd.bench.openai_load import run_openai
     from trtpd.fleet.launcher import fleet_down, fleet_up
-    from trtpd.fleet.gateway_process import start_gateway
+    from trtpd.fleet.gateway_process import attach_gateway
 
     t0 = time.perf_counter()
     fleet = fleet_up(name, spec, replace=True, **counts)
     try:
-        fleet.gateway = start_gateway(name, fleet.folder / "gateway")
-        fleet.save()
+        attach_gateway(fleet)
         url = f"http://127.0.0.1:{fleet.gateway['port']}/v1"
         layout = ", ".join(f"{i.name} on cpu {','.join(map(str, i.cpus))}" for i in fleet.instances)
         console.print(f"  {spec.mode}: fleet ready in {time.perf_counter() - t0:.1f} s ({layout}); "

@@ -68,7 +68,7 @@ def run_fleet(args: argparse.Namespace) -> int:
     a.refuse_given(args, ("http_port", "grpc_port", "metrics_port"), "not used by --fleet (each instance gets "
                                                                      "free ports of its own)")
     from trtpd.fleet.launcher import fleet_down
-    from trtpd.fleet.gateway_process import start_gateway
+    from trtpd.fleet.gateway_process import attach_gateway
     mode = "colocated" if args.mode == "colocated" or "colocated_instances" in a.given(args) else "disaggregated"
     if mode == "colocated" and args.mode != "colocated" and "mode" in a.given(args):
         a.refuse_given(args, ("colocated_instances",), f"not used by --mode {args.mode}")
@@ -79,9 +79,7 @@ def run_fleet(args: argparse.Namespace) -> int:
           f"decode first) ...", flush=True)
     fleet = fleet_up(args.name, spec, replace=args.replace, triton_entry=args.triton_entry, **counts)
     try:
-        fleet.gateway = start_gateway(fleet.name, fleet.folder / "gateway", port=args.gateway_port,
-                                      api_key_file=args.api_key_file)
-        fleet.save()
+        attach_gateway(fleet, port=args.gateway_port, api_key_file=args.api_key_file)
     except BaseException:
         fleet_down(fleet.name)
         raise

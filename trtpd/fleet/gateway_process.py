@@ -49,6 +49,15 @@ def start_gateway(fleet_name: str, state_dir: Path, port: int = 0, api_key_file:
     raise TrtpdError(f"the gateway did not answer /health within {timeout_s:.0f} s; see {log_path}")
 
 
+def attach_gateway(fleet, *, port: int = 0, api_key_file: str | None = None,
+                   extra_args: list[str] | None = None):
+    """Starts the fleet's gateway and records it in fleet.json, so `fleet_down` stops it too; returns the fleet."""
+    fleet.gateway = start_gateway(fleet.name, fleet.folder / "gateway", port=port, api_key_file=api_key_file,
+                                  extra_args=extra_args)
+    fleet.save()
+    return fleet
+
+
 def _healthy(host: str, port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=1.0) as resp:

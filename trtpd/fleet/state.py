@@ -8,20 +8,16 @@ import urllib.request
 from trtpd.fleet.instance import instance_folder, shares_cores
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.serving import stub_watch
+from trtpd.serving.deployment import server_state
 
 
 def instance_state(fleet: FleetRecord, inst: InstanceRecord) -> tuple[str, str]:
     """(state, reason). failed: a stub of it died (its death record names the model and pid)."""
     death = stub_watch.read_death(instance_folder(fleet, inst.name))
-    if death is not None and death.get("server_pid") == inst.server.pid:
-        return "failed", f"{inst.name}: {stub_watch.format_death(death)}"
-    if inst.server.is_ready():
-        return "ready", ""
-    if inst.server.is_alive():
-        return "starting", ""
-    if inst.server.pid_reused():
-        return "exited", f"{inst.name}: pid {inst.server.pid} is no longer its tritonserver"
-    return "exited", f"{inst.name}: tritonserver (pid {inst.server.pid}) is not running; see {inst.server.log_path}"
+    if death is not None and death.get("server_pid") != inst.server.pid:
+        death = None                      # a record of an earlier server of this instance
+    state, reason = server_state(inst.server, death, "its")
+    return state, f"{inst.name}: {reason}" if reason else ""
 
 
 def load(metrics_url: str, model: str) -> dict[str, int]:

@@ -36,6 +36,20 @@ def deployment_dir(name: str) -> Path:
     return trtpd_home() / "deployments" / name
 
 
+def server_state(server: ServerProcess, death: dict | None, whose: str) -> tuple[str, str]:
+    """(ready | starting | failed | exited, reason) of one tritonserver; `death` is the record a stub of it
+    wrote (stub_watch), `whose` names the server in the reason ("this deployment's", "its")."""
+    if death is not None:
+        return "failed", stub_watch.format_death(death)
+    if server.is_ready():
+        return "ready", ""
+    if server.is_alive():
+        return "starting", ""
+    if server.pid_reused():
+        return "exited", f"pid {server.pid} is no longer {whose} tritonserver"
+    return "exited", f"tritonserver (pid {server.pid}) is not running; see {server.log_path}"
+
+
 @dataclass
 class Deployment:
     name: str
@@ -55,17 +69,8 @@ class Deployment:
         return record if record and record.get("server_pid") == self.server.pid else None
 
     def state(self) -> tuple[str, str]:
-        """(ready | starting | failed | stopping | exited, reason)."""
-        death = self.death()
-        if death is not None:
-            return "failed", stub_watch.format_death(death)
-        if self.server.is_ready():
-            return "ready", ""
-        if self.server.is_alive():
-            return "starting", ""
-        if self.server.pid_reused():
-            return "exited", f"pid {self.server.pid} is no longer this deployment's tritonserver"
-        return "exited", f"tritonserver (pid {self.server.pid}) is not running; see {self.server.log_path}"
+        """(ready | starting | failed | exited, reason)."""
+        return server_state(self.server, self.death(), "this deployment's")
 
     def save(self) -> None:
         path = deployment_dir(self.name) / "deployment.json"
