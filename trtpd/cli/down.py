@@ -25,8 +25,13 @@ def run(args: argparse.Namespace) -> int:
     names = [d.name for d in deployment.list_deployments()] if args.all else [args.name]
     fleets = [f.name for f in records.list_fleets()] if args.all else [n for n in names if records.is_fleet(n)]
     names = [n for n in names if n not in fleets]
+    from trtpd.controller.daemon import mark_all_stopped, stop_controller
     for name in fleets:
+        pid = stop_controller(name)   # first, or it would replace the instances being stopped
+        if pid:
+            print(f"stopped the controller of {name} (pid {pid})")
         fleet, notes = fleet_down(name)
+        mark_all_stopped(name, "trtpd down")
         for note in notes:
             print(f"{name}: {note}")
         print(f"stopped fleet {name} ({', '.join(f'{i.name} pid {i.server.pid}' for i in fleet.instances)})")

@@ -16,7 +16,8 @@ from trtpd import __version__
 from trtpd.cli.args import Parser, given_dests
 from trtpd.errors import TrtpdError
 
-COMMANDS = ("build", "render", "lint", "plan", "simulate", "profile", "up", "down", "status", "demo", "bench")
+COMMANDS = ("build", "render", "lint", "plan", "simulate", "profile", "up", "down", "status", "scale", "rollout",
+            "history", "demo", "bench")
 
 
 def build_parser() -> Parser:

@@ -12,6 +12,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start a deployment (tritonserver with the rendered repository)",
                        description="Render the model repository for the reference backend and start tritonserver "
                                    "on 127.0.0.1; waits until it is ready and prints its endpoints.")
+    p.add_argument("-f", "--file", dest="spec_file", metavar="SPEC.yaml",
+                   help="a deployment spec (configs/deployments/*.yaml): start it under the controller, which heals, "
+                        "scales (`trtpd scale`) and rolls out (`trtpd rollout`); every other option is in the spec")
     p.add_argument("--name", default="default", help="deployment name (default: %(default)s)")
     p.add_argument("--http-port", type=a.port, help="(default: a free port)")
     p.add_argument("--grpc-port", type=a.port, help="(default: a free port)")
@@ -36,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.serving import deployment
     from trtpd.serving.tritonserver import ServerPorts
 
+    if args.spec_file:
+        return run_spec(args)
     if args.fleet:
         return run_fleet(args)
     if args.gateway_port or args.api_key_file or args.triton_entry:
@@ -96,4 +101,22 @@ def run_fleet(args: argparse.Namespace) -> int:
               f"(the ensemble, routed across the instances)")
     if shares_cores([i.cpus for i in fleet.instances if i.role != "entry"]):
         print("  note: more instances than cores: instances share cores, so they slow each other down")
+    return 0
+
+
+def run_spec(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trtpd.controller.daemon import bring_up
+
+    extra = sorted(a.given(args) - {"spec_file", "func"})
+    if extra:
+        raise a.ConfigError(f"-f/--file takes every setting from the spec; drop {', '.join(a.flag(d) for d in extra)}")
+    print(f"starting the deployment in {args.spec_file} under the controller ...", flush=True)
+    up = bring_up(Path(args.spec_file))
+    gw = up["gateway"]
+    print(f"ready: {up['name']} revision {up['revision']} ({', '.join(up['instances'])})")
+    print(f"  OpenAI API   http://{gw['host']}:{gw['port']}/v1   (gateway pid {gw['pid']}; /health, /metrics)")
+    print(f"  controller   running; `trtpd scale {up['name']} prefill=N decode=M`, `trtpd rollout SPEC.yaml`, "
+          f"`trtpd history {up['name']}`, `trtpd down --name {up['name']}`")
     return 0

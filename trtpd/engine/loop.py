@@ -25,8 +25,11 @@ log = logging.getLogger(__name__)
 
 class EngineLoop:
     def __init__(self, engine, on_output: Callable[[EngineOutput], None], name: str = "engine",
-                 idle_poll_s: float = 0.05) -> None:
+                 idle_poll_s: float = 0.05, step_delay_s: float = 0.0) -> None:
         self.engine = engine
+        # fault injection (a deployment spec's step_delay_ms): a pause after every step that produced
+        # output, so a revision can be made slow on purpose (the controller's rollout-gate tests)
+        self.step_delay_s = step_delay_s
         self.on_output = on_output
         self.idle_poll_s = idle_poll_s
         self._cond = threading.Condition()
@@ -125,6 +128,8 @@ class EngineLoop:
                     self.num_steps += 1
                     self.busy_s += time.perf_counter() - started
                 self._emit(outputs)
+                if outputs and self.step_delay_s > 0:
+                    time.sleep(self.step_delay_s)
             except Exception as exc:
                 log.exception("engine step failed; failing the %d requests in flight", len(self._live))
                 self._emit(self._fail_live(exc))

@@ -30,6 +30,8 @@ class InstancePlan:
     cpus: list[int]
     ports: ServerPorts
     kv_port: int = 0     # prefill: the KV exporter's port (fixed, so fleet.json can name it); else 0
+    revision: int = 0    # the controller's revision this instance runs (0: not under a controller)
+    step_delay_ms: int = 0   # fault injection: a pause after every engine step (rollout-gate tests)
 
 
 def assign_cpus(count: int, available: list[int] | None = None) -> list[list[int]]:
@@ -74,7 +76,8 @@ def render_instance(spec: ReferenceDeployment, plan: InstancePlan, key_file: Pat
     if plan.role not in plans:
         raise ConfigError(f"instance {plan.name}: role {plan.role!r} is not one of prefill, decode, colocated")
     values = {**plans[plan.role].values, "instance_count": 1, "instance_name": plan.name,
-              "kv_host": HOST, "kv_port": plan.kv_port, "kv_advertise_host": HOST}
+              "kv_host": HOST, "kv_port": plan.kv_port, "kv_advertise_host": HOST,
+              "step_delay_ms": plan.step_delay_ms}
     return render_repository([ModelPlan(plan.role, "reference", values)], out_dir, overwrite=True)
 
 
@@ -110,4 +113,4 @@ def start_instance(spec: ReferenceDeployment, fleet: FleetRecord, plan: Instance
     return InstanceRecord(plan.name, plan.role, "ensemble" if plan.role == ENTRY else plan.role, server,
                           str(engine), spec.kv_transport, kv, kv,
                           list(plan.cpus), config.max_batch_size, config.num_kv_blocks, config.max_input_len,
-                          config.max_seq_len)
+                          config.max_seq_len, revision=plan.revision)

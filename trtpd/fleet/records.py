@@ -35,6 +35,8 @@ class InstanceRecord:
     num_kv_blocks: int
     max_input_len: int
     max_seq_len: int
+    revision: int = 0           # the controller's revision it runs (0: a fleet started without a controller)
+    admin_state: str = "ready"  # ready | draining: the controller's word to the gateway (no new requests)
 
     @property
     def grpc_url(self) -> str:
@@ -71,6 +73,9 @@ class FleetRecord:
     instances: list[InstanceRecord] = field(default_factory=list)
     gateway: dict | None = None     # {"pid", "start_time", "host", "port"} (written by the gateway)
     started_at: float = field(default_factory=time.time)
+    # the controller's word to the gateway, read again whenever this file changes:
+    traffic: dict | None = None     # TrafficSplit fields (canary revision, share, changed roles); None: no canary
+    routing: dict | None = None     # RoutingPolicy fields; None: the gateway's default
 
     @property
     def folder(self) -> Path:
@@ -90,12 +95,14 @@ class FleetRecord:
     def to_dict(self) -> dict:
         return {"name": self.name, "mode": self.mode, "build_root": self.build_root, "key_file": self.key_file,
                 "tokenizer_dir": self.tokenizer_dir, "instances": [i.to_dict() for i in self.instances],
-                "gateway": self.gateway, "started_at": self.started_at}
+                "gateway": self.gateway, "started_at": self.started_at, "traffic": self.traffic,
+                "routing": self.routing}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FleetRecord":
         return cls(d["name"], d["mode"], d["build_root"], d["key_file"], d["tokenizer_dir"],
-                   [InstanceRecord.from_dict(i) for i in d["instances"]], d.get("gateway"), d["started_at"])
+                   [InstanceRecord.from_dict(i) for i in d["instances"]], d.get("gateway"), d["started_at"],
+                   d.get("traffic"), d.get("routing"))
 
     def save(self) -> None:
         """Atomically, 0600 (the folder is the owner's only, like a deployment's)."""

@@ -82,12 +82,29 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
                                        "unauthorized", code="invalid_api_key"))
         return await call_next(request)
 
-    @app.put("/admin/instances/{name}")
-    async def instance_state(name: str, request: Request):
-        """{"state": "draining" | "ready"}; needs `Authorization: Bearer <admin token>` (FleetService.admin_token)."""
+    def _admin(request: Request) -> None:
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given, service.admin_token):
             raise ApiError("missing or wrong admin token", "unauthorized", code="invalid_admin_token")
+
+    @app.post("/admin/reload")
+    async def reload(request: Request):
+        """Re-reads fleet.json now (the controller calls it after every change) and probes the instances."""
+        _admin(request)
+        service.reload(force=True)
+        await service.poll_once()
+        return service.health()
+
+    @app.get("/admin/requests")
+    async def recent_requests(request: Request, since: float = 0.0):
+        """Finished requests since `since` (unix time): revision, TTFT, ITL, error kind (the rollout gate)."""
+        _admin(request)
+        return {"now": time.time(), "requests": service.samples_since(since)}
+
+    @app.put("/admin/instances/{name}")
+    async def instance_state(name: str, request: Request):
+        """{"state": "draining" | "ready"}; needs `Authorization: Bearer <admin token>` (FleetService.admin_token)."""
+        _admin(request)
         try:
             state = json.loads(await request.body()).get("state")
         except (json.JSONDecodeError, AttributeError):
@@ -251,10 +268,13 @@ class _Generation:
     async def texts(self):
         """The stable text of each step; releases the admission slot and records metrics however it ends."""
         orchestrator: FleetOrchestrator = self.service.orchestrator
-        generation = orchestrator.generate(self.request_id, self.prompt_ids, self.sampling)
+        revision, exclude = self.service.cohort()
+        generation = orchestrator.generate(self.request_id, self.prompt_ids, self.sampling, exclude)
+        error_kind, where = "cancelled", ("", "")
         try:
             await self.ticket.enter()
             async for out in generation:
+                where = (out.prefill_instance or "", out.decode_instance or "")
                 if out.token_ids:
                     self.timing.add_tokens(len(out.token_ids), time.monotonic())
                 self.perf.update(out.perf)
@@ -265,8 +285,16 @@ class _Generation:
             yield self.detok.finish()
             if self.detok.stopped:
                 self.finish_reason = "stop"
+            error_kind = None
             self.service.record(self.timing, self.perf)
+        except GatewayError as exc:
+            error_kind = exc.kind
+            raise
+        except Exception:
+            error_kind = "internal"
+            raise
         finally:
+            self.service.sample(self.timing, revision, error_kind, where)
             await generation.aclose()   # cancels the instance's stream if we stop early (stop string, disconnect)
             self.ticket.release()
 

@@ -14,6 +14,7 @@ class InstanceTarget:
     model: str
     grpc_url: str
     metrics_url: str
+    revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class GatewayConfig:
     slo_ttft_s: float = 1.0          # live goodput: requests meeting both
     slo_tpot_s: float = 0.1
     poll_interval_s: float = 0.2     # instance load probes
+    fleet_file: Path | None = None   # re-read when it changes: instances added/removed, drains, canary, routing
 
 
 def checkpoint_facts(tokenizer_dir: Path) -> tuple[str, int]:
@@ -55,11 +57,27 @@ def from_fleet_file(path: Path, **overrides) -> GatewayConfig:
         from trtpd.errors import TrtpdError
         raise TrtpdError(f"{path}: cannot read the fleet record ({exc}); is the fleet running?") from None
     roles = [i for i in fleet["instances"] if i["role"] in ("prefill", "decode", "colocated")]   # not the entry
-    instances = tuple(InstanceTarget(i["name"], i["role"], i["model"], i["grpc_url"], i["metrics_url"])
-                      for i in roles)
+    instances = tuple(InstanceTarget(i["name"], i["role"], i["model"], i["grpc_url"], i["metrics_url"],
+                                     int(i.get("revision", 0))) for i in roles)
     serving = [i for i in roles if i["role"] in ("decode", "colocated")] or roles
     name, eos = checkpoint_facts(Path(fleet["tokenizer_dir"]))
+    overrides.setdefault("fleet_file", Path(path))
     return GatewayConfig(model_name=name, mode=fleet["mode"], instances=instances, key_file=Path(fleet["key_file"]),
                          tokenizer_dir=Path(fleet["tokenizer_dir"]), eos_id=eos,
                          max_input_len=min(i["max_input_len"] for i in roles),
                          max_seq_len=min(i["max_seq_len"] for i in serving), **overrides)
+
+
+@dataclass(frozen=True)
+class FleetDirectives:
+    """The controller's word to the gateway, from fleet.json: which instances drain, the canary split, the policy."""
+
+    draining: frozenset[str] = frozenset()
+    traffic: dict | None = None
+    routing: dict | None = None
+
+
+def fleet_directives(path: Path) -> FleetDirectives:
+    fleet = json.loads(Path(path).read_text())
+    return FleetDirectives(frozenset(i["name"] for i in fleet["instances"] if i.get("admin_state") == "draining"),
+                           fleet.get("traffic"), fleet.get("routing"))

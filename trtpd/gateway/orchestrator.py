@@ -6,6 +6,7 @@ elsewhere). Yields the generated tokens as they arrive; every path releases the 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -39,53 +40,65 @@ class FleetOrchestrator:
         self.router = router
         self.clients = clients
         self.clock = clock
+        # what each instance holds for this gateway right now, exactly (its own metrics lag): prefill from the
+        # pick until decode has pulled the KV (first token) or the request ends; decode while it streams
+        self.holds: Counter[str] = Counter()
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling: SamplingInputs) -> AsyncIterator[Generated]:
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingInputs,
+                       exclude: frozenset[str] = frozenset()) -> AsyncIterator[Generated]:
+        """`exclude`: instances this request must not use (another revision's, during a canary)."""
         try:
             if self.mode == "colocated":
-                async for out in self._colocated(request_id, prompt_ids, sampling):
+                async for out in self._colocated(request_id, prompt_ids, sampling, exclude):
                     yield out
             else:
-                async for out in self._disaggregated(request_id, prompt_ids, sampling):
+                async for out in self._disaggregated(request_id, prompt_ids, sampling, exclude):
                     yield out
         finally:
             self.router.release(request_id)
 
     # ---- disaggregated -----------------------------------------------------------------------
-    async def _disaggregated(self, request_id: str, ids: list[int], sampling: SamplingInputs):
-        exclude: frozenset[str] = frozenset()
+    async def _disaggregated(self, request_id: str, ids: list[int], sampling: SamplingInputs,
+                             exclude: frozenset[str]):
         attempt = 1
         while True:
             prefill = self.router.pick_prefill(request_id, len(ids), self.clock(), exclude)
             if prefill is None:
                 raise GatewayError("no prefill instance is ready; retry later", "unavailable")
+            held = _Holds(self.holds, prefill.instance)
             try:
-                handle, perf = await self._prefill(prefill.instance, f"{request_id}-p{attempt}", ids, sampling)
-            except RoleError as exc:
-                exclude, attempt = self._decide(request_id, "prefill", exc, attempt, exclude)
-                continue
-            self.router.prefill_done(request_id)
-            decode = self.router.pick_decode(request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude)
-            if decode is None:
-                raise GatewayError("no decode instance can take this request now; retry later", "unavailable")
-            streamed = False
-            try:
-                async for chunk in self.clients[decode.instance].stream(
-                        f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle):
-                    if chunk.token_ids and not streamed:
-                        self.router.decode_started(request_id)   # its metrics count the request from now on
-                    if chunk.token_ids or chunk.final:
-                        streamed = streamed or bool(chunk.token_ids)
-                        yield Generated(chunk.token_ids, {**perf, **chunk.perf}, prefill.instance, decode.instance)
-                return
-            except RoleError as exc:
-                if streamed:   # the client has part of the answer: no retry can continue it
-                    raise GatewayError(f"decode instance {decode.instance} failed mid-stream: {exc}",
-                                       _http_kind(exc.kind)) from None
-                stage = "kv_pull" if exc.kind == "unavailable" else "decode"
-                exclude, attempt = self._decide(request_id, stage, exc, attempt, exclude,
-                                                failed=prefill.instance if stage == "kv_pull" else exc.instance)
+                try:
+                    handle, perf = await self._prefill(prefill.instance, f"{request_id}-p{attempt}", ids, sampling)
+                except RoleError as exc:
+                    held.drop(prefill.instance)
+                    exclude, attempt = self._decide(request_id, "prefill", exc, attempt, exclude)
+                    continue
+                self.router.prefill_done(request_id)
+                decode = self.router.pick_decode(request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude)
+                if decode is None:
+                    raise GatewayError("no decode instance can take this request now; retry later", "unavailable")
+                held.add(decode.instance)
+                streamed = False
+                try:
+                    async for chunk in self.clients[decode.instance].stream(
+                            f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle):
+                        if chunk.token_ids and not streamed:
+                            self.router.decode_started(request_id)   # its metrics count the request from now on
+                            held.drop(prefill.instance)               # the KV is pulled: prefill holds nothing
+                        if chunk.token_ids or chunk.final:
+                            streamed = streamed or bool(chunk.token_ids)
+                            yield Generated(chunk.token_ids, {**perf, **chunk.perf}, prefill.instance,
+                                            decode.instance)
+                    return
+                except RoleError as exc:
+                    if streamed:   # the client has part of the answer: no retry can continue it
+                        raise GatewayError(f"decode instance {decode.instance} failed mid-stream: {exc}",
+                                           _http_kind(exc.kind)) from None
+                    stage = "kv_pull" if exc.kind == "unavailable" else "decode"
+                    exclude, attempt = self._decide(request_id, stage, exc, attempt, exclude,
+                                                    failed=prefill.instance if stage == "kv_pull" else exc.instance)
+            finally:
+                held.clear()
 
     async def _prefill(self, instance: str, sub_id: str, ids: list[int],
                        sampling: SamplingInputs) -> tuple[bytes, dict[str, float]]:
@@ -106,14 +119,15 @@ class FleetOrchestrator:
         return exclude | decision.exclude, attempt + 1
 
     # ---- colocated ---------------------------------------------------------------------------
-    async def _colocated(self, request_id: str, ids: list[int], sampling: SamplingInputs):
-        exclude: frozenset[str] = frozenset()
+    async def _colocated(self, request_id: str, ids: list[int], sampling: SamplingInputs,
+                         exclude: frozenset[str]):
         attempt = 1
         while True:
             route = self.router.pick_colocated(request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude)
             if route is None:
                 raise GatewayError("no colocated instance can take this request now; retry later", "unavailable")
             streamed = False
+            held = _Holds(self.holds, route.instance)
             try:
                 async for chunk in self.clients[route.instance].stream(f"{request_id}-c{attempt}", "", ids, sampling):
                     if chunk.token_ids and not streamed:
@@ -128,6 +142,32 @@ class FleetOrchestrator:
                     raise GatewayError(f"instance {route.instance} failed mid-stream: {exc}",
                                        _http_kind(exc.kind)) from None
                 exclude, attempt = self._decide(request_id, "decode", exc, attempt, exclude)
+            finally:
+                held.clear()
+
+
+class _Holds:
+    """One request's entries in the orchestrator's per-instance holds; each dropped exactly once."""
+
+    def __init__(self, holds: Counter, first: str) -> None:
+        self.holds = holds
+        self.names: list[str] = []
+        self.add(first)
+
+    def add(self, name: str) -> None:
+        self.holds[name] += 1
+        self.names.append(name)
+
+    def drop(self, name: str) -> None:
+        if name in self.names:
+            self.names.remove(name)
+            self.holds[name] -= 1
+            if self.holds[name] <= 0:
+                del self.holds[name]
+
+    def clear(self) -> None:
+        for name in list(self.names):
+            self.drop(name)
 
 
 def _http_kind(kind: str) -> str:

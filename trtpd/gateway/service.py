@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from collections import deque
+from dataclasses import replace
 
 from trtpd.gateway.config import GatewayConfig
 from trtpd.gateway.loads import probe
@@ -13,7 +16,10 @@ from trtpd.gateway.metrics import PHASES, GatewayMetrics
 from trtpd.gateway.orchestrator import FleetOrchestrator
 from trtpd.gateway.role_client import RoleClient
 from trtpd.gateway.timing import RequestTiming
+from trtpd.routing.cohorts import Split
 from trtpd.routing.core import InstanceView, Router, RoutingPolicy
+
+MAX_SAMPLES = 20000     # recent finished requests kept for the controller's rollout gate (GET /admin/requests)
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +69,88 @@ class FleetService:
         self._slots: asyncio.Semaphore | None = None
         self._poller: asyncio.Task | None = None
         self.views: list[InstanceView] = []
+        self.draining: set[str] = set()          # the router keeps these draining (fleet.json or PUT /admin)
+        self.split = Split()                     # the canary traffic split (fleet.json "traffic")
+        self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
+        self.num_routed = 0
+        self._fleet_stamp: tuple[int, int] | None = None
+        self._closing: list[RoleClient] = []
 
     async def start(self) -> None:
         cfg = self.config
         self._slots = asyncio.Semaphore(cfg.max_inflight)
         self.clients = {i.name: RoleClient(i.name, i.grpc_url, i.model, self.key) for i in cfg.instances}
         self.orchestrator = FleetOrchestrator(cfg.mode, self.router, self.clients)
+        self.reload()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        for client in self.clients.values():
+        for client in [*self.clients.values(), *self._closing]:
             await client.close()
+
+    # ---- the fleet file: instances come and go under the controller --------------------------
+    def reload(self, force: bool = False) -> bool:
+        """Re-reads fleet.json if it changed (or `force`): new instances get a client, removed ones lose
+        theirs (closed a poll later, after what they served has ended), drains, the canary split and the
+        routing policy are applied. Returns whether anything was read."""
+        from trtpd.gateway.config import fleet_directives, from_fleet_file
+
+        path = self.config.fleet_file
+        if path is None:
+            return False
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._fleet_stamp and not force:
+            return False
+        fresh = from_fleet_file(path)
+        directives = fleet_directives(path)
+        self._fleet_stamp = stamp
+        self.config = replace(self.config, instances=fresh.instances, max_input_len=fresh.max_input_len,
+                              max_seq_len=fresh.max_seq_len)
+        names = {i.name for i in fresh.instances}
+        for inst in fresh.instances:
+            if inst.name not in self.clients:
+                self.clients[inst.name] = RoleClient(inst.name, inst.grpc_url, inst.model, self.key)
+        for name in [n for n in self.clients if n not in names]:
+            self._closing.append(self.clients.pop(name))
+        self.draining = {n for n in directives.draining if n in names}
+        self.split = Split.from_dict(directives.traffic)
+        if directives.routing is not None:
+            policy = RoutingPolicy(**{k: tuple((m, tuple(n)) for m, n in v) if k == "prefill_buckets" else v
+                                      for k, v in directives.routing.items()})
+            if policy != self.router.policy:
+                self.router.set_policy(policy)
+        self._apply_draining()
+        return True
+
+    def _apply_draining(self) -> None:
+        states = {v.name: v.state for v in self.router.instances()}
+        for name in self.draining:
+            if name in states and states[name] != "draining":
+                self.router.set_state(name, "draining")
+        for name, state in states.items():
+            if state == "draining" and name not in self.draining:
+                self.router.set_state(name, "ready")
+
+    def cohort(self) -> tuple[int, frozenset[str]]:
+        """The revision the next request is served by, and the instances it must not use. A canary request
+        goes to the stable revision instead while a changed role has no ready canary instance."""
+        split = self.split
+        sequence, self.num_routed = self.num_routed, self.num_routed + 1
+        revision = split.revision_for(sequence)
+        if split.active and revision == split.canary_revision:
+            ready = {v.name for v in self.router.instances() if v.state == "ready"}
+            by_role = {i.name: i.role for i in self.config.instances}
+            if not all(any(n in ready and by_role.get(n) == role for n in split.canary_instances)
+                       for role in split.changed_roles):
+                revision = split.stable_revision
+        return revision, split.excluded(revision, [(i.name, i.role) for i in self.config.instances])
 
     # ---- instance loads ----------------------------------------------------------------------
     async def poll_once(self) -> None:
@@ -84,6 +158,7 @@ class FleetService:
                                        for i in self.config.instances))
         self.views = list(views)
         self.router.update(self.views, time.monotonic())
+        self._apply_draining()
         m = self.metrics
         for v in self.views:
             m.up.labels(v.name, v.role).set(1 if v.state == "ready" else 0)
@@ -95,7 +170,11 @@ class FleetService:
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_interval_s)
+            closing, self._closing = self._closing, []
+            for client in closing:
+                await client.close()
             try:
+                self.reload()
                 await self.poll_once()
             except Exception:   # a probe bug must not stop routing updates for good
                 log.exception("probing the instances failed")
@@ -115,14 +194,20 @@ class FleetService:
             raise ApiError(f"no instance {name!r} in this fleet", "not_found", "name")
         if state not in ("draining", "ready"):
             raise ApiError(f"state must be draining or ready, got {state!r}", "invalid_arg", "state")
+        if state == "draining":
+            self.draining.add(name)
+        else:
+            self.draining.discard(name)
         self.router.set_state(name, state)
         return next(v for v in self.health()["instances"] if v["name"] == name)
 
     def health(self) -> dict:
         """seed 000 §4.5's health answer: status, and per instance its role, state and utilisation."""
         states = {v.name: v.state for v in self.router.instances()}   # with the router's overrides (draining)
+        revisions = {i.name: i.revision for i in self.config.instances}
         instances = [{"name": v.name, "role": v.role, "state": states.get(v.name, v.state), "waiting": v.waiting,
-                      "active": v.active,
+                      "active": v.active, "revision": revisions.get(v.name, 0),
+                      "gateway_holds": self.orchestrator.holds.get(v.name, 0) if self.orchestrator else 0,
                       "kv_utilisation": round(1 - v.free_kv_blocks / v.max_kv_blocks, 4) if v.max_kv_blocks else None,
                       "batch_utilisation": round(v.active / v.max_batch_size, 4) if v.max_batch_size else None}
                      for v in self.views]
@@ -148,6 +233,20 @@ class FleetService:
         return Ticket(self)
 
     # ---- per-request metrics -----------------------------------------------------------------
+    def sample(self, timing: RequestTiming, revision: int, error_kind: str | None, instances: tuple[str, str]) -> None:
+        """One finished request for the controller's gate (wall-clock time, so the controller can window it)."""
+        gaps = sorted(timing.gaps_s)
+        self.samples.append({
+            "t": time.time(), "revision": revision, "ok": error_kind is None, "error_kind": error_kind,
+            "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s, "num_tokens": len(timing.token_times_s),
+            "itl_p50_s": gaps[len(gaps) // 2] if gaps else None,
+            "itl_p90_s": gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))] if gaps else None,
+            "itl_max_s": gaps[-1] if gaps else None,
+            "prefill_instance": instances[0], "decode_instance": instances[1]})
+
+    def samples_since(self, since_s: float) -> list[dict]:
+        return [s for s in self.samples if s["t"] >= since_s]
+
     def record(self, timing: RequestTiming, perf: dict[str, float]) -> None:
         m, now = self.metrics, time.monotonic()
         if timing.ttft_s is not None:

@@ -54,7 +54,7 @@ def repository_plan(dep: ReferenceDeployment, key_file: Path) -> list[ModelPlan]
             **common, "role": role.value, "engine_dir": engines[role], "kv_transport": dep.kv_transport,
             "kv_key_file": key_file.resolve(), "kv_transfer_timeout_ms": dep.kv_transfer_timeout_ms,
             "num_threads": 1, "instance_count": counts[role], "instance_name": role.value,
-            "kv_host": "127.0.0.1", "kv_port": 0, "kv_advertise_host": "127.0.0.1"}))
+            "kv_host": "127.0.0.1", "kv_port": 0, "kv_advertise_host": "127.0.0.1", "step_delay_ms": 0}))
     return plans
 
 

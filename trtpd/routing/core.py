@@ -222,6 +222,12 @@ class Router:
         self._round_robin = {role: 0 for role in ROLES}
         self._num_picks = 0
 
+    def set_policy(self, policy: RoutingPolicy) -> None:
+        """A new policy (the controller's in-place config change); what this router tracks is kept."""
+        self.policy = policy
+        self._bucket_max_tokens = [max_tokens for max_tokens, _ in policy.prefill_buckets]
+        self._rebuild()
+
     # -- snapshot and states -----------------------------------------------------------------------
     def update(self, views: Iterable[InstanceView], now_s: float) -> None:
         """Replaces the snapshot. Instances missing from it are forgotten, with their overrides."""

@@ -82,7 +82,8 @@ class RoleModel:
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._responder = threading.Thread(target=self._respond, name=f"{self.model_name}-respond", daemon=True)
         self._responder.start()
-        self.loop = EngineLoop(self.loaded.engine, self.outbox.put, name=f"{self.model_name}-engine")
+        self.loop = EngineLoop(self.loaded.engine, self.outbox.put, name=f"{self.model_name}-engine",
+                               step_delay_s=int(params.get("step_delay_ms") or 0) / 1000.0)
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name=f"{self.model_name}-watch", daemon=True)
         self._watcher.start()

@@ -26,7 +26,7 @@ class ScriptedOrchestrator:
         self.hold = hold
         self.calls = []
 
-    async def generate(self, request_id, prompt_ids, sampling):
+    async def generate(self, request_id, prompt_ids, sampling, exclude=frozenset()):
         self.calls.append((prompt_ids, sampling))
         if self.hold is not None:
             await self.hold.wait()

@@ -1,0 +1,192 @@
+"""Bringing a deployment up under the controller, the controller's own process, and stopping it.
+
+`bring_up(spec_path)`: lints the spec, records it as a new revision, starts every instance (decode and
+prefill at once; the gateway routes only to ready ones) and waits until all are ready, starts the gateway,
+then the controller process (`python -m trtpd.controller run --name NAME`), which from then on heals,
+scales and rolls out. `stop_controller(name)`: SIGTERM to that process (by pid and start time).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from trtpd.controller.controller import Controller
+from trtpd.controller.spec import DeploymentSpec, check_revision, load_spec
+from trtpd.controller.store import ControllerStore, actor
+from trtpd.errors import ConfigError, TrtpdError
+from trtpd.serving import deployment
+from trtpd.serving.stub_watch import is_running, start_time
+
+TICK_S = 0.5
+
+
+def controller_alive(store: ControllerStore) -> dict | None:
+    record = store.get("controller")
+    if record and is_running(int(record["pid"]), record.get("start_time")):
+        return record
+    return None
+
+
+def new_controller(store: ControllerStore, name: str, mode: str) -> Controller:
+    from trtpd.controller.local import LocalExecutor
+    executor = LocalExecutor(name, mode)
+    return Controller(store, executor, samples=executor.samples)
+
+
+def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, progress=print) -> dict:
+    """Returns {"name", "revision", "gateway", "instances"} once the fleet is ready and its controller runs."""
+    from trtpd.engine.engine_config import EngineConfig
+    from trtpd.fleet.gateway_process import attach_gateway
+    from trtpd.fleet.records import FleetRecord, is_fleet, load_fleet
+    from trtpd.kv.handle import load_or_create_key_file
+    from trtpd.repo.reference import KEY_FILE
+
+    spec = load_spec(spec_path)
+    if spec.backend != "reference":
+        raise ConfigError(f"{spec_path}: backend {spec.backend}: the local executor runs the reference backend; "
+                          f"for tensorrt-llm render Kubernetes manifests (trtpd/controller/k8s)")
+    problems = check_revision(spec, None, revision=1)
+    if problems:
+        raise ConfigError(f"{spec_path}: refused:\n  " + "\n  ".join(problems))
+    name = spec.name
+    if (deployment.deployment_dir(name) / "deployment.json").is_file():
+        raise TrtpdError(f"{name!r} is a single-server deployment; `trtpd down --name {name}` first")
+    if is_fleet(name) and any(i.server.is_alive() for i in load_fleet(name).instances):
+        raise TrtpdError(f"deployment {name!r} is already running; change it with `trtpd rollout {spec_path}` "
+                         f"or `trtpd scale {name} ...`, or stop it with `trtpd down --name {name}`")
+    folder = deployment.deployment_dir(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    store = ControllerStore.for_deployment(name)
+    if controller_alive(store):
+        raise TrtpdError(f"deployment {name!r} has a controller running (pid {store.get('controller')['pid']}); "
+                         f"`trtpd down --name {name}` first")
+    key_file = folder / KEY_FILE
+    load_or_create_key_file(key_file)
+    revision = store.add_revision(spec.to_yaml(), spec.spec_json(), str(spec_path), actor(), "trtpd up")
+    store.set_revision_status(revision, "promoted")
+    for row in store.instances(states=("starting", "ready", "draining", "failed")):   # an earlier run's rows
+        from dataclasses import replace
+        store.put_instance(replace(row, state="stopped", reason="deployment restarted"))
+    store.put_many({"stable_revision": revision, "counts": spec.counts(), "rollout": None, "traffic": None})
+    store.audit(actor(), "up", revision, {"source": str(spec_path), "counts": spec.counts()})
+    shapes = spec.role_shapes()
+    first = shapes[spec.role_names[0]].engine_dir
+    fleet = FleetRecord(name, spec.mode, str(Path(first).parent), str(key_file),
+                        str(EngineConfig.load(Path(first)).checkpoint_path(Path(first))))
+    fleet.routing = asdict(spec.routing_policy())
+    fleet.save()
+    controller = new_controller(store, name, spec.mode)
+    started = time.monotonic()
+    try:
+        while not controller.converged():
+            controller.tick()
+            failed = [r for r in store.instances(states=("failed", "stopped")) if r.reason.startswith(
+                ("died", "not ready", "start failed")) and r.since_s >= store.revision(revision).created_at]
+            if failed:
+                raise TrtpdError(f"instance {failed[0].name} failed to start: {failed[0].reason}")
+            if time.monotonic() - started > timeout_s:
+                raise TrtpdError(f"the deployment was not ready within {timeout_s:.0f} s")
+            time.sleep(0.2)
+        progress(f"{name}: {len(store.instances(states=('ready',)))} instances ready in "
+                 f"{time.monotonic() - started:.1f} s")
+        fleet = load_fleet(name)
+        g = spec.gateway
+        attach_gateway(fleet, port=g.port, extra_args=[
+            "--max-inflight", str(g.max_inflight), "--max-queued", str(g.max_queued),
+            "--slo-ttft-s", str(spec.slo.ttft_s), "--slo-tpot-s", str(spec.slo.tpot_s), "--host", g.host])
+        if daemon:
+            spawn_controller(name)
+    except BaseException:
+        from trtpd.fleet.launcher import fleet_down
+        try:
+            fleet_down(name)
+        except TrtpdError:
+            pass
+        raise
+    fleet = load_fleet(name)
+    return {"name": name, "revision": revision, "gateway": fleet.gateway,
+            "instances": [i.name for i in fleet.instances]}
+
+
+def spawn_controller(name: str) -> dict:
+    """Starts `python -m trtpd.controller run --name NAME` in its own session; its pid goes in the store."""
+    store = ControllerStore.for_deployment(name)
+    log_path = deployment.deployment_dir(name) / "controller.log"
+    env = {**os.environ, "TRTPD_HOME": str(deployment.trtpd_home())}
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "trtpd.controller", "run", "--name", name],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
+    record = {"pid": proc.pid, "start_time": start_time(proc.pid), "log": str(log_path)}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:   # it writes its own record once its first pass ran
+        if proc.poll() is not None:
+            raise TrtpdError(f"the controller exited at start (status {proc.returncode}); see {log_path}")
+        mine = store.get("controller")
+        if mine and int(mine["pid"]) == proc.pid:
+            return record
+        time.sleep(0.1)
+    raise TrtpdError(f"the controller did not start within 30 s; see {log_path}")
+
+
+def run_controller(name: str, interval_s: float = TICK_S) -> None:
+    """The controller process's body: record itself, tick until SIGTERM."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    store = ControllerStore.for_deployment(name)
+    other = controller_alive(store)
+    if other and int(other["pid"]) != os.getpid():
+        raise TrtpdError(f"deployment {name!r} already has a controller (pid {other['pid']})")
+    spec = DeploymentSpec.from_json(store.revision(int(store.get("stable_revision"))).spec_json)
+    controller = new_controller(store, name, spec.mode)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    controller.tick()
+    store.put("controller", {"pid": os.getpid(), "start_time": start_time(os.getpid()), "started_at": time.time()})
+    store.audit(actor(), "controller_started", controller.stable_revision, {"pid": os.getpid()})
+    controller.run(interval_s, should_stop=lambda: bool(stopping))
+    if hasattr(controller.executor, "wait_stopped"):
+        controller.executor.wait_stopped()
+    store.audit(actor(), "controller_stopped", controller.stable_revision, {"pid": os.getpid()})
+
+
+def stop_controller(name: str, timeout_s: float = 10.0) -> int | None:
+    """SIGTERM to the deployment's controller (if it runs); returns its pid."""
+    path = deployment.deployment_dir(name) / "controller.db"
+    if not path.is_file():
+        return None
+    store = ControllerStore.for_deployment(name)
+    record = controller_alive(store)
+    if record is None:
+        return None
+    pid, started = int(record["pid"]), record.get("start_time")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while is_running(pid, started):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+    return pid
+
+
+def mark_all_stopped(name: str, reason: str) -> None:
+    from dataclasses import replace
+    path = deployment.deployment_dir(name) / "controller.db"
+    if not path.is_file():
+        return
+    store = ControllerStore.for_deployment(name)
+    for row in store.instances(states=("starting", "ready", "draining", "failed")):
+        store.put_instance(replace(row, state="stopped", since_s=time.time(), reason=reason))
+    store.audit(actor(), "down", int(store.get("stable_revision", 0)), {"reason": reason})

@@ -1,0 +1,210 @@
+"""The local executor: the controller's instances as this machine's tritonserver processes (the fleet's own
+start-up, fleet.json, stub watch), the gateway told of every change through fleet.json + POST /admin/reload.
+
+Health: an instance is alive while its tritonserver runs and no stub of it died (stub_watch's death record);
+ready when the server answers ready and the gateway can route to it. Holds: the gateway's exact count of
+what it has in flight there, plus the instance's own waiting/active requests (for prefill: the KV exports it
+still holds, which outlive the gateway's view when a client leaves before decode pulled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+
+from trtpd.controller.types import ObservedInstance, RoleShape, TrafficSplit
+from trtpd.deploy.spec import ReferenceDeployment
+from trtpd.errors import TrtpdError
+from trtpd.fleet.instance import InstancePlan, instance_folder, pick_port, pick_ports, start_instance
+from trtpd.fleet.records import FleetRecord, load_fleet
+from trtpd.fleet.state import instance_state
+from trtpd.serving import deployment, stub_watch
+from trtpd.serving.tritonserver import stop_server
+
+STOP_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
+FORCE_STOP_TIMEOUT_S = 0.5
+
+
+class LocalExecutor:
+    def __init__(self, name: str, mode: str, cpus: list[int] | None = None) -> None:
+        self.name = name
+        self.mode = mode
+        self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+        self._stopping: list[threading.Thread] = []   # servers being stopped (the loop does not wait for them)
+
+    # ---- the fleet record -------------------------------------------------------------------
+    def fleet(self) -> FleetRecord:
+        return load_fleet(self.name)
+
+    def _save(self, fleet: FleetRecord) -> None:
+        fleet.save()
+        self._reload_gateway(fleet)
+
+    def _gateway_url(self, fleet: FleetRecord) -> str | None:
+        gw = fleet.gateway
+        return f"http://{gw['host']}:{gw['port']}" if gw and gw.get("port") else None
+
+    def _admin(self, fleet: FleetRecord, method: str, path: str, timeout_s: float = 5.0) -> dict | None:
+        url = self._gateway_url(fleet)
+        if url is None:
+            return None
+        from trtpd.kv.auth import derive_key
+        from trtpd.kv.handle import load_or_create_key_file
+        token = derive_key(load_or_create_key_file(Path(fleet.key_file)), "gateway-admin").hex()
+        req = urllib.request.Request(url + path, method=method, data=b"" if method == "POST" else None,
+                                     headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 503:   # /admin/reload answers the health body, 503 while no role is ready
+                return json.loads(exc.read())
+            raise TrtpdError(f"gateway {url}{path}: HTTP {exc.code}: {exc.read()[:300]!r}") from None
+        except OSError:
+            return None
+
+    def _reload_gateway(self, fleet: FleetRecord) -> None:
+        self._admin(fleet, "POST", "/admin/reload")
+
+    def gateway_health(self, fleet: FleetRecord | None = None) -> dict | None:
+        fleet = fleet or self.fleet()
+        url = self._gateway_url(fleet)
+        if url is None:
+            return None
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
+        except OSError:
+            return None
+
+    def samples(self, since_s: float) -> list[dict]:
+        """Finished requests since `since_s` (unix time) from the gateway, for the rollout gate."""
+        body = self._admin(self.fleet(), "GET", f"/admin/requests?since={since_s}")
+        return body["requests"] if body else []
+
+    # ---- Executor ---------------------------------------------------------------------------
+    def observe(self) -> list[ObservedInstance]:
+        fleet = self.fleet()
+        health = self.gateway_health(fleet)
+        views = {v["name"]: v for v in health["instances"]} if health else {}
+        out = []
+        for inst in fleet.instances:
+            if inst.role not in ("prefill", "decode", "colocated"):
+                continue
+            state, reason = instance_state(fleet, inst)
+            view = views.get(inst.name)
+            routable = view is not None and view["state"] in ("ready", "draining")
+            alive = state in ("ready", "starting")
+            ready = state == "ready" and (routable if health is not None else True)
+            holds = -1 if view is None else view.get("gateway_holds", 0) + view["waiting"] + view["active"]
+            out.append(ObservedInstance(inst.name, inst.role, inst.revision, alive, ready, holds,
+                                        reason or (f"gateway sees it {view['state']}" if view and not ready else "")))
+        return out
+
+    def start(self, name: str, role: str, revision: int, shape: RoleShape) -> dict:
+        fleet = self.fleet()
+        spec = reference_deployment(shape, self.mode)
+        used = {p for i in fleet.instances for p in (i.server.ports.http, i.server.ports.grpc, i.server.ports.metrics)}
+        used |= {int(i.kv_bind.rsplit(":", 1)[1]) for i in fleet.instances if i.kv_bind}
+        plan = InstancePlan(name, role, self._pick_cpus(fleet, shape.cpus_per_instance), pick_ports(used),
+                            pick_port(used) if role == "prefill" else 0, revision, shape.step_delay_ms)
+        inst = start_instance(spec, fleet, plan)
+        fleet = self.fleet()   # re-read: nothing else writes it while the controller runs, but stay safe
+        fleet.instances = [i for i in fleet.instances if i.name != name] + [inst]
+        self._save(fleet)
+        return {"pid": inst.server.pid, "start_time": inst.server.start_time, "cpus": inst.cpus,
+                "grpc": inst.grpc_url, "http": inst.http_url, "metrics": inst.metrics_url, "kv": inst.kv_advertise,
+                "log": str(inst.server.log_path)}
+
+    def _pick_cpus(self, fleet: FleetRecord, count: int) -> list[int]:
+        """The `count` cores the fewest running instances are pinned to (ties: lowest core)."""
+        load = Counter({c: 0 for c in self.cpus})
+        for inst in fleet.instances:
+            for c in inst.cpus:
+                if c in load:
+                    load[c] += 1
+        return sorted(sorted(self.cpus, key=lambda c: (load[c], c))[:max(1, min(count, len(self.cpus)))])
+
+    def drain(self, name: str) -> None:
+        fleet = self.fleet()
+        fleet.instance(name).admin_state = "draining"
+        self._save(fleet)
+
+    def stop(self, name: str, force: bool = False) -> None:
+        """Takes it out of fleet.json (the gateway forgets it at once), then stops its server and cleans what it
+        left on a thread of its own: a graceful tritonserver exit takes seconds, and the controller's next pass
+        (a death elsewhere, a drain) should not wait for it."""
+        fleet = self.fleet()
+        inst = next((i for i in fleet.instances if i.name == name), None)
+        if inst is None:
+            return
+        fleet.instances = [i for i in fleet.instances if i.name != name]
+        self._save(fleet)
+        folder = instance_folder(fleet, name)
+        if folder.is_dir():
+            stub_watch.mark_stopping(folder)
+
+        def finish() -> None:
+            stop_server(inst.server, FORCE_STOP_TIMEOUT_S if force else STOP_TIMEOUT_S)
+            try:
+                deployment.clean_leftovers(inst.server)
+            except TrtpdError:
+                pass
+
+        self._stopping = [t for t in self._stopping if t.is_alive()]
+        thread = threading.Thread(target=finish, name=f"stop-{name}", daemon=False)
+        thread.start()
+        self._stopping.append(thread)
+
+    def wait_stopped(self, timeout_s: float = STOP_TIMEOUT_S + 2) -> None:
+        """Waits for the servers being stopped (the controller calls it before it exits)."""
+        for thread in self._stopping:
+            thread.join(timeout_s)
+
+    def set_traffic(self, split: TrafficSplit) -> None:
+        fleet = self.fleet()
+        fleet.traffic = asdict(split) if split.canary_revision else None
+        self._save(fleet)
+
+    def apply_in_place(self, settings: dict) -> None:
+        fleet = self.fleet()
+        if "routing" in settings:
+            fleet.routing = settings["routing"]
+        self._save(fleet)
+
+    def relabel(self, names: list[str], revision: int) -> None:
+        """Instances an unchanged role keeps through a promotion now belong to the new revision."""
+        fleet = self.fleet()
+        for inst in fleet.instances:
+            if inst.name in names:
+                inst.revision = revision
+        self._save(fleet)
+
+
+def reference_deployment(shape: RoleShape, mode: str) -> ReferenceDeployment:
+    """The reference backend's settings for one role's instances of one revision."""
+    engine = Path(shape.engine_dir)
+    overrides = {"prefill_engine": engine} if shape.role == "prefill" else \
+        {"decode_engine": engine} if shape.role == "decode" else {}
+    return ReferenceDeployment(build_root=engine.parent, mode=mode, kv_transport=shape.kv_transport,
+                               kv_transfer_timeout_ms=shape.kv_transfer_timeout_ms,
+                               max_batch_size=shape.max_batch_size, **overrides)
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TrtpdError(f"timed out after {timeout_s:.0f} s waiting for {what}")
