@@ -83,10 +83,10 @@ class Controller:
                 self.store.audit(ACTOR, event.pop("action"), rollout.revision, event)
             self._set_traffic(result.traffic)
             rollout = result.rollout
-            self.store.put("rollout", rollout.to_dict())
             want = result.want
-            if rollout.phase in TERMINAL:
+            if rollout.phase in TERMINAL:   # recorded before the state says so: a follower sees the whole story
                 table = self._finish_rollout(rollout, table)
+            self.store.put("rollout", rollout.to_dict())
         else:
             want = {(role, stable): n for role, n in self.store.get("counts", spec.counts()).items()}
         indices = next_indices(self.store.instances(), self.store.get("next_index", {}))

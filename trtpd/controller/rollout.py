@@ -183,10 +183,11 @@ def step(rollout: Rollout, table: list[InstanceRow], canary_samples: list[dict],
             want[(role, r.revision)] = target
         else:   # rolling_back, rolled_back
             want[(role, r.stable_revision)], want[(role, r.revision)] = stable, 0
-    return RolloutStep(r, want, _traffic(r, new, old, policy.canary_share), events)
+    return RolloutStep(r, want, _traffic(r, new, old, policy.canary_share, want), events)
 
 
-def _traffic(r: Rollout, new: list[InstanceRow], old: list[InstanceRow], canary_share: float) -> TrafficSplit:
+def _traffic(r: Rollout, new: list[InstanceRow], old: list[InstanceRow], canary_share: float,
+             want: dict[tuple[str, int], int]) -> TrafficSplit:
     if r.phase in ("done", "rolled_back"):
         return TrafficSplit(r.revision if r.phase == "done" else r.stable_revision)
     canary = tuple(sorted(x.name for x in new))
@@ -199,7 +200,8 @@ def _traffic(r: Rollout, new: list[InstanceRow], old: list[InstanceRow], canary_
     shares = []
     for role in r.changed_roles:   # promoting: the new instances' share of the role's ready ones
         ready_new = sum(1 for x in new if x.role == role and x.state == "ready")
-        ready_old = sum(1 for x in old if x.role == role and x.state == "ready")
+        ready_old = min(want.get((role, r.stable_revision), 0),   # about to drain: no longer counted
+                        sum(1 for x in old if x.role == role and x.state == "ready"))
         shares.append(ready_new / (ready_new + ready_old) if ready_new + ready_old else 1.0)
     ready_canary = tuple(sorted(x.name for x in new if x.state == "ready"))
     return TrafficSplit(r.stable_revision, r.revision, round(min(shares, default=1.0), 4), r.changed_roles,

@@ -144,13 +144,16 @@ class FleetService:
         split = self.split
         sequence, self.num_routed = self.num_routed, self.num_routed + 1
         revision = split.revision_for(sequence)
-        if split.active and revision == split.canary_revision:
-            ready = {v.name for v in self.router.instances() if v.state == "ready"}
-            by_role = {i.name: i.role for i in self.config.instances}
-            if not all(any(n in ready and by_role.get(n) == role for n in split.canary_instances)
-                       for role in split.changed_roles):
-                revision = split.stable_revision
-        return revision, split.excluded(revision, [(i.name, i.role) for i in self.config.instances])
+        instances = [(i.name, i.role) for i in self.config.instances]
+        exclude = split.excluded(revision, instances)
+        if split.active:
+            # a cohort with no ready instance left in a changed role (a canary that died, the last stable
+            # instance draining during promotion) hands its requests to the other cohort rather than fail them
+            ready = {v.name: v.role for v in self.router.instances() if v.state == "ready"}
+            if not all(any(r == role and n not in exclude for n, r in ready.items()) for role in split.changed_roles):
+                other = split.stable_revision if revision == split.canary_revision else split.canary_revision
+                revision, exclude = other, split.excluded(other, instances)
+        return revision, exclude
 
     # ---- instance loads ----------------------------------------------------------------------
     async def poll_once(self) -> None:
