@@ -1,0 +1,533 @@
+"""The deployment spec: what the controller keeps running (YAML, schema `trtpd/v1`, kind `Deployment`).
+
+Every field with its default is in configs/deployments/README.md. `load_spec` reads a file and names the file,
+line and field of every problem; the loaded spec is resolved (absolute paths, counts and TP from the plan, the
+autoscaling bounds filled in), so its `spec_json()` is what the controller stores as a revision and reloads
+with `DeploymentSpec.from_json`. The rest is pure: the shape of each role's instances (`role_shapes`), what a
+new revision changes and how (`diff_specs`), and whether its engines can exchange KV (`check_revision`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+
+from trtpd.controller.types import ROLES, RoleShape
+from trtpd.deploy.spec import ReferenceDeployment
+from trtpd.errors import ConfigError
+from trtpd.perf.yaml_io import dump_yaml
+from trtpd.repo.reference import check_pair
+from trtpd.routing.core import RoutingPolicy
+from trtpd.schema.manifest import engine_folder_name, load_manifest
+from trtpd.schema.plan import Plan, load_plan
+
+HEADER = "# trtpd deployment spec (schema: trtpd/controller/spec.py, configs/deployments/README.md)\n"
+MODE_ROLES = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}
+KV_TRANSPORTS = {"reference": ("shm", "tcp"), "tensorrt-llm": ("mpi", "ucx", "nixl")}
+RESTART_FIELDS = ("tp", "cpus_per_instance", "gpus_per_instance", "max_batch_size", "step_delay_ms")
+ALL_ROLES_RESTART = ("backend", "model", "mode", "kv_transport", "kv_transfer_timeout_ms")
+Problem = tuple[tuple, str]     # (loc in the YAML, message)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnginesSpec(_Strict):
+    build_root: Path | None = None       # <build_root>/<role>-tp<tp>/ per role (trtpd build's layout)
+    prefill: Path | None = None          # per-role overrides: an engine folder
+    decode: Path | None = None
+    colocated: Path | None = None
+
+
+class RoleSpec(_Strict):
+    instances: int | None = Field(None, ge=0)   # None: the plan's num_instances, else 1
+    tp: int | None = Field(None, ge=1)          # None: the plan's tp, else 1
+    cpus_per_instance: int = Field(1, ge=1)
+    gpus_per_instance: int = Field(0, ge=0)     # 0: tp on the tensorrt-llm backend, none on the reference one
+    max_batch_size: int = Field(64, ge=1)
+    step_delay_ms: int = Field(0, ge=0)         # fault injection: a pause after every engine step
+
+
+class RolesSpec(_Strict):
+    prefill: RoleSpec | None = None
+    decode: RoleSpec | None = None
+    colocated: RoleSpec | None = None
+
+
+class RoutingSpec(_Strict):
+    balance: Literal["least_loaded", "round_robin"] = "least_loaded"
+    decode_load: Literal["free_kv_blocks", "sequences"] = "free_kv_blocks"
+    tie_break: Literal["name", "least_recent"] = "least_recent"
+    max_prefill_attempts: int = Field(2, ge=1)
+    max_decode_attempts: int = Field(1, ge=1)
+    spill_to_longer_buckets: bool = False
+
+
+class SloSpec(_Strict):
+    ttft_s: float = Field(2.0, gt=0)
+    itl_s: float = Field(0.2, gt=0)
+    tpot_s: float = Field(0.1, gt=0)
+    attainment: float = Field(0.9, gt=0, le=1)
+
+
+class GatewaySpec(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)        # 0: any free port
+    max_inflight: int = Field(64, ge=1)
+    max_queued: int = Field(256, ge=0)
+
+
+class AutoscalingSpec(_Strict):
+    enabled: bool = False
+    mode: Literal["observe", "act"] = "observe"  # observe: decide and record only; act: scale
+    interval_s: float = Field(5.0, gt=0)
+    cooldown_s: float = Field(30.0, ge=0)
+    min: dict[str, int] = Field(default_factory=dict)   # per role; default 1
+    max: dict[str, int] = Field(default_factory=dict)   # per role; default the role's instances
+    budget_cpus: int | None = Field(None, ge=1)         # None: no limit
+    budget_gpus: int | None = Field(None, ge=0)
+
+
+class RolloutSpec(_Strict):
+    canary_share: float = Field(0.25, gt=0, le=1)
+    bake_s: float = Field(20.0, ge=0)
+    min_requests: int = Field(10, ge=0)
+    max_ttft_ratio: float = Field(1.5, gt=0)
+    max_itl_ratio: float = Field(1.5, gt=0)
+    max_error_rate: float = Field(0.0, ge=0, le=1)
+    drain_timeout_s: float = Field(30.0, gt=0)
+    start_timeout_s: float = Field(180.0, gt=0)
+
+
+class DeploymentSpec(_Strict):
+    api_version: Literal["trtpd/v1"] = "trtpd/v1"
+    kind: Literal["Deployment"] = "Deployment"
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+    model: str
+    backend: Literal["reference", "tensorrt-llm"] = "reference"
+    mode: Literal["disaggregated", "colocated"] = "disaggregated"
+    engines: EnginesSpec = Field(default_factory=EnginesSpec)
+    kv_transport: str | None = None             # None: shm (reference), ucx (tensorrt-llm)
+    kv_transfer_timeout_ms: int = Field(30000, gt=0)
+    roles: RolesSpec
+    plan: Path | None = None
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    slo: SloSpec = Field(default_factory=SloSpec)
+    gateway: GatewaySpec = Field(default_factory=GatewaySpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+
+    @model_validator(mode="after")
+    def _resolve(self, info: ValidationInfo) -> "DeploymentSpec":
+        context = info.context or {}
+        problems = _resolve(self, Path(context.get("base_dir", ".")), context.get("trust_resolved", False))
+        if problems and "problems" in context:
+            context["problems"].extend(problems)
+        elif problems:
+            raise ValueError("; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in problems))
+        return self
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DeploymentSpec":
+        """A stored revision (spec_json()): its resolved counts stand, whatever its plan file says now."""
+        try:
+            return cls.model_validate(data, context={"trust_resolved": True})
+        except ValidationError as exc:
+            raise ConfigError(f"stored deployment spec is invalid: {exc}") from None
+
+    # -- what the controller asks -----------------------------------------------------------------
+    @property
+    def role_names(self) -> tuple[str, ...]:
+        return MODE_ROLES[self.mode]
+
+    def role(self, role: str) -> RoleSpec:
+        spec = getattr(self.roles, role) if role in ROLES else None
+        if spec is None or role not in self.role_names:
+            raise ConfigError(f"deployment {self.name}: no role {role!r} in mode {self.mode} "
+                              f"(roles: {', '.join(self.role_names)})")
+        return spec
+
+    def counts(self) -> dict[str, int]:
+        return {role: self.role(role).instances for role in self.role_names}
+
+    def gpus_per_instance(self, role: str) -> int:
+        spec = self.role(role)
+        return spec.gpus_per_instance or (spec.tp if self.backend == "tensorrt-llm" else 0)
+
+    def engine_dir(self, role: str) -> Path:
+        override = getattr(self.engines, role)
+        if override is not None:
+            return override
+        return self.engines.build_root / engine_folder_name(role, self.role(role).tp)
+
+    def role_shapes(self) -> dict[str, RoleShape]:
+        return {role: self._shape(role) for role in self.role_names}
+
+    def _shape(self, role: str) -> RoleShape:
+        spec, engine = self.role(role), self.engine_dir(role)
+        config, manifest = engine / "config.json", engine / "manifest.json"
+        for path in (config, manifest):
+            if not path.is_file():
+                raise ConfigError(f"{engine}: no {role} engine here ({path.name} missing; deployment {self.name}, "
+                                  f"engines.{role if getattr(self.engines, role) else 'build_root'}); build it with "
+                                  f"`trtpd build --backend {self.backend} --model {self.model}` or fix the path")
+        layout = load_manifest(engine).kv_layout()
+        kv_signature = _digest([layout.dtype.value, layout.num_layers, layout.num_kv_heads, layout.head_size,
+                                layout.tokens_per_block, layout.scales_digest])
+        restart = {"engine_dir": str(engine), "config": _file_digest(config), "manifest": _file_digest(manifest),
+                   "kv_transport": self.kv_transport, "kv_transfer_timeout_ms": self.kv_transfer_timeout_ms,
+                   "gpus_per_instance": self.gpus_per_instance(role),
+                   **{name: getattr(spec, name) for name in RESTART_FIELDS if name != "gpus_per_instance"}}
+        return RoleShape(role=role, engine_dir=str(engine), config_hash=_digest(restart), kv_signature=kv_signature,
+                         cpus_per_instance=spec.cpus_per_instance, gpus_per_instance=self.gpus_per_instance(role),
+                         tp=spec.tp, max_batch_size=spec.max_batch_size, kv_transport=self.kv_transport,
+                         kv_transfer_timeout_ms=self.kv_transfer_timeout_ms, step_delay_ms=spec.step_delay_ms)
+
+    def routing_policy(self) -> RoutingPolicy:
+        return RoutingPolicy(**self.routing.model_dump())
+
+    def reference_deployment(self, role_engine_overrides: dict[str, Path] | None = None) -> ReferenceDeployment:
+        """The reference backend's deployment of this spec (max_batch_size: the largest over its roles)."""
+        if self.backend != "reference":
+            raise ConfigError(f"deployment {self.name}: backend {self.backend} has no reference deployment")
+        engines = {role: Path(p).resolve() for role, p in (role_engine_overrides or {}).items()}
+        for role in self.role_names:
+            engines.setdefault(role, self.engine_dir(role))
+        build_root = self.engines.build_root or engines[self.role_names[0]].parent
+        if "colocated" in engines and engines["colocated"] != build_root / "colocated-tp1":
+            if engines["colocated"].name != "colocated-tp1":
+                raise ConfigError(f"{engines['colocated']}: a colocated engine must be a folder named colocated-tp1 "
+                                  f"(ReferenceDeployment finds it under its build root)")
+            build_root = engines["colocated"].parent
+        counts = self.counts()
+        return ReferenceDeployment(
+            build_root=build_root, mode=self.mode, kv_transport=self.kv_transport,
+            prefill_instances=counts.get("prefill", 1), decode_instances=counts.get("decode", 1),
+            colocated_instances=counts.get("colocated", 2), kv_transfer_timeout_ms=self.kv_transfer_timeout_ms,
+            max_batch_size=max(self.role(r).max_batch_size for r in self.role_names),
+            prefill_engine=engines.get("prefill"), decode_engine=engines.get("decode"))
+
+    def spec_json(self) -> dict:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return HEADER + dump_yaml(self.spec_json())
+
+
+# -- resolution and the checks that span fields ---------------------------------------------------
+def _resolve(spec: DeploymentSpec, base_dir: Path, trust_resolved: bool) -> list[Problem]:
+    """Fills in what the file leaves to defaults or the plan; returns the problems (loc, message)."""
+    problems: list[Problem] = []
+    for field in ("build_root", *ROLES):
+        path = getattr(spec.engines, field)
+        if path is not None:
+            setattr(spec.engines, field, (base_dir / Path(path).expanduser()).resolve())
+    if spec.plan is not None:
+        spec.plan = (base_dir / spec.plan.expanduser()).resolve()
+    problems += _check_roles(spec)
+    if problems:
+        return problems
+    roles = spec.role_names
+    if spec.plan is not None and not (trust_resolved and all(spec.role(r).instances is not None for r in roles)):
+        problems += _apply_plan(spec)
+    for role in roles:
+        spec.role(role).instances = 1 if spec.role(role).instances is None else spec.role(role).instances
+        spec.role(role).tp = spec.role(role).tp or 1
+    transports = KV_TRANSPORTS[spec.backend]
+    spec.kv_transport = spec.kv_transport or ("shm" if spec.backend == "reference" else "ucx")
+    if spec.kv_transport not in transports:
+        problems.append((("kv_transport",), f"{spec.kv_transport!r} is not a {spec.backend} KV transport; "
+                                            f"use one of {', '.join(transports)}"))
+    for role in roles:
+        problems += _check_role(spec, role)
+    for role in ROLES:
+        if role not in roles and getattr(spec.engines, role) is not None:
+            problems.append((("engines", role), f"mode {spec.mode} has no {role} role; remove this override"))
+    return problems + _check_autoscaling(spec)
+
+
+def _check_roles(spec: DeploymentSpec) -> list[Problem]:
+    problems = []
+    for role in ROLES:
+        given = getattr(spec.roles, role) is not None
+        if role in spec.role_names and not given:
+            problems.append((("roles", role), f"mode {spec.mode} needs a roles.{role} entry, e.g. "
+                                              f"`{role}: {{instances: 1}}` (roles: {', '.join(spec.role_names)})"))
+        elif given and role not in spec.role_names:
+            problems.append((("roles", role), f"mode {spec.mode} has no {role} role; remove it "
+                                              f"(roles: {', '.join(spec.role_names)})"))
+    return problems
+
+
+def _apply_plan(spec: DeploymentSpec) -> list[Problem]:
+    if spec.mode != "disaggregated":
+        return [(("plan",), f"a plan sizes prefill and decode; mode {spec.mode} cannot take one")]
+    try:
+        plan: Plan = load_plan(spec.plan)
+    except ConfigError as exc:
+        return [(("plan",), str(exc))]
+    problems = []
+    for role in spec.role_names:
+        block, mine = getattr(plan, role), spec.role(role)
+        if block is None:
+            problems.append((("plan",), f"{spec.plan} has no {role} block (an infeasible plan?)"))
+            continue
+        for field, planned in (("instances", block.num_instances), ("tp", block.tp)):
+            given = getattr(mine, field)
+            if given is None:
+                setattr(mine, field, planned)
+            elif given != planned:
+                plan_field = "num_instances" if field == "instances" else "tp"
+                problems.append((("roles", role, field), f"{given} differs from {planned}, the plan {spec.plan}'s "
+                                                         f"{role}.{plan_field}; remove roles.{role}.{field} (the "
+                                                         f"plan decides) or make them equal"))
+    return problems
+
+
+def _check_role(spec: DeploymentSpec, role: str) -> list[Problem]:
+    mine, problems = spec.role(role), []
+    if spec.mode == "disaggregated" and mine.instances < 1:
+        problems.append((("roles", role, "instances"), "Input should be greater than or equal to 1 (mode "
+                         "disaggregated cannot scale a role to zero: with no prefill or no decode instance no "
+                         "request is served)"))
+    if spec.backend == "reference" and mine.tp != 1:
+        source = f" (from the plan {spec.plan})" if spec.plan else ""
+        problems.append((("roles", role, "tp"), f"the reference backend runs tp 1 engines only; got {mine.tp}"
+                                                f"{source}; use backend tensorrt-llm or a plan with tp 1"))
+    if spec.backend == "reference" and mine.gpus_per_instance:
+        problems.append((("roles", role, "gpus_per_instance"), "the reference backend runs on CPUs; set 0"))
+    if getattr(spec.engines, role) is None and spec.engines.build_root is None:
+        problems.append((("engines",), f"no engine for {role}: give engines.build_root or engines.{role}"))
+    return problems
+
+
+def _check_autoscaling(spec: DeploymentSpec) -> list[Problem]:
+    scaling, problems = spec.autoscaling, []
+    for bound in ("min", "max"):
+        for role in getattr(scaling, bound):
+            if role not in spec.role_names:
+                problems.append((("autoscaling", bound, role), f"mode {spec.mode} has no {role} role "
+                                                               f"(roles: {', '.join(spec.role_names)})"))
+    floor = 1 if spec.mode == "disaggregated" else 0
+    for role in spec.role_names:
+        low = scaling.min.setdefault(role, 1)
+        high = scaling.max.setdefault(role, spec.role(role).instances)
+        if low < floor:
+            problems.append((("autoscaling", "min", role), f"Input should be greater than or equal to {floor} "
+                                                           f"(mode {spec.mode} cannot scale a role to zero)"))
+        if low > high:
+            problems.append((("autoscaling", "max", role), f"max {high} < min {low}"))
+        elif scaling.enabled and not low <= spec.role(role).instances <= high:
+            problems.append((("roles", role, "instances"), f"{spec.role(role).instances} is outside the "
+                                                           f"autoscaling bounds [{low}, {high}] for {role}"))
+    if scaling.enabled:
+        for budget, per_instance in (("budget_cpus", lambda r: spec.role(r).cpus_per_instance),
+                                     ("budget_gpus", spec.gpus_per_instance)):
+            limit = getattr(scaling, budget)
+            need = {r: spec.role(r).instances * per_instance(r) for r in spec.role_names}
+            if limit is not None and sum(need.values()) > limit:
+                parts = " + ".join(f"{r} {spec.role(r).instances}x{per_instance(r)}" for r in spec.role_names)
+                problems.append((("autoscaling", budget), f"the roles need {sum(need.values())} ({parts}), more "
+                                                          f"than {budget} {limit}"))
+    return problems
+
+
+# -- loading with file:line:field errors ----------------------------------------------------------
+def load_spec(path: Path | str) -> DeploymentSpec:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such deployment spec")
+    return parse_spec(path.read_text(), str(path), base_dir=path.parent)
+
+
+def parse_spec(text: str, source: str, base_dir: Path | None = None) -> DeploymentSpec:
+    """Relative paths resolve against base_dir (default: the folder of `source`)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{source}{line}: not valid YAML ({exc.problem or exc.context}); fix the syntax") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML ({exc}); fix the syntax") from None
+    if not isinstance(root, yaml.MappingNode) or not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of fields (api_version, kind, name, ...), "
+                          f"got {type(data).__name__}")
+    duplicate = _first_duplicate(root, ())
+    if duplicate:
+        raise ConfigError(f"{source}:{duplicate[1]}: {_dotted(duplicate[0])}: duplicate key (first at line "
+                          f"{duplicate[2]}); keep one")
+    problems: list[Problem] = []
+    base = Path(base_dir) if base_dir is not None else Path(source).parent
+    try:
+        spec = DeploymentSpec.model_validate(data, context={"base_dir": base, "problems": problems})
+    except ValidationError as exc:
+        problems = [(err["loc"], err["msg"]) for err in exc.errors()]
+    if problems:
+        raise ConfigError("\n".join(f"{source}:{_line_of(root, loc)}: {_dotted(loc) or '(top level)'}: {msg}"
+                                    for loc, msg in problems))
+    return spec
+
+
+def _dotted(loc: tuple) -> str:
+    return ".".join(str(part) for part in loc if not (isinstance(part, str) and "[" in part))
+
+
+def _line_of(root: yaml.Node, loc: tuple) -> int:
+    """1-based line of the deepest node of `loc` in the YAML (a key's own line; a missing key: its parent's)."""
+    node, line = root, root.start_mark.line + 1
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(part)),
+                         None)
+            if match is None:
+                break
+            node, line = match[1], match[0].start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        elif not (isinstance(part, str) and "[" in part):   # pydantic's union tags: not in the YAML
+            break
+    return line
+
+
+def _first_duplicate(node: yaml.Node, loc: tuple) -> tuple[tuple, int, int] | None:
+    """(loc, line, first line) of the first key given twice in one mapping (YAML keeps the last silently)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else str(key.start_mark)
+            if name in seen:
+                return loc + (name,), key.start_mark.line + 1, seen[name]
+            seen[name] = key.start_mark.line + 1
+            found = _first_duplicate(value, loc + (name,))
+            if found:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            found = _first_duplicate(item, loc + (index,))
+            if found:
+                return found
+    return None
+
+
+# -- what a revision changes ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class SpecChange:
+    field: str        # dotted path in the spec, e.g. roles.decode.instances
+    old: object
+    new: object
+    effect: str       # restart:<role> | scale:<role> | restart:gateway | in_place
+
+
+def diff_specs(old: DeploymentSpec, new: DeploymentSpec,
+               old_shapes: dict[str, RoleShape] | None = None) -> list[SpecChange]:
+    """Every changed field and its effect; a field that restarts several roles gives one change per role.
+    An engine rebuilt in place (same folder, other config.json or manifest.json) is invisible in the specs: pass
+    the role shapes recorded when `old` was applied, and such a role shows as `engines.<role>.content`."""
+    old_leaves, new_leaves = _leaves(old.spec_json()), _leaves(new.spec_json())
+    changes = []
+    for path in [*old_leaves, *(p for p in new_leaves if p not in old_leaves)]:
+        before, after = old_leaves.get(path), new_leaves.get(path)
+        if before != after:
+            changes += [SpecChange(path, before, after, effect) for effect in _effects(path, old, new)]
+    if old_shapes is None:
+        return changes
+    restarted, new_shapes = {c.effect for c in changes}, new.role_shapes()
+    for role in (r for r in new.role_names if r in old_shapes):
+        if f"restart:{role}" not in restarted and old_shapes[role].config_hash != new_shapes[role].config_hash:
+            changes.append(SpecChange(f"engines.{role}.content", old_shapes[role].config_hash,
+                                      new_shapes[role].config_hash, f"restart:{role}"))
+    return changes
+
+
+def _effects(path: str, old: DeploymentSpec, new: DeploymentSpec) -> list[str]:
+    parts = path.split(".")
+    both = [r for r in ROLES if r in old.role_names or r in new.role_names]
+    if parts[0] == "roles" and len(parts) > 1:
+        role = parts[1]
+        if role not in old.role_names or role not in new.role_names:
+            return [f"restart:{role}"]
+        return [f"scale:{role}" if parts[-1] == "instances" else f"restart:{role}"]
+    if parts[0] in ALL_ROLES_RESTART:
+        return [f"restart:{r}" for r in both]
+    if parts[0] == "engines":
+        moved = [r for r in both if r not in old.role_names or r not in new.role_names
+                 or old.engine_dir(r) != new.engine_dir(r)]
+        return [f"restart:{r}" for r in moved] or ["in_place"]
+    if parts[0] == "gateway" and parts[-1] in ("host", "port"):
+        return ["restart:gateway"]
+    return ["in_place"]      # routing, slo, gateway limits, autoscaling, rollout, plan (its counts are roles.*)
+
+
+def _leaves(data: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(data, dict):
+        out: dict[str, object] = {}
+        for key, value in data.items():
+            out.update(_leaves(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def changed_roles(old: DeploymentSpec, new: DeploymentSpec,
+                  old_shapes: dict[str, RoleShape] | None = None) -> tuple[str, ...]:
+    """Roles whose instances a rollout from old to new replaces (config_hash differs, or the role is new/gone).
+    old_shapes: the shapes recorded when `old` was applied (default: `old`'s engines as they are now)."""
+    old_shapes, new_shapes = old_shapes if old_shapes is not None else old.role_shapes(), new.role_shapes()
+    return tuple(r for r in ROLES if (r in old_shapes or r in new_shapes) and (
+        r not in old_shapes or r not in new_shapes or old_shapes[r].config_hash != new_shapes[r].config_hash))
+
+
+def check_revision(new: DeploymentSpec, old: DeploymentSpec | None = None, *, revision: int = 0,
+                   old_revision: int = 0, old_shapes: dict[str, RoleShape] | None = None) -> list[str]:
+    """Problems that forbid applying `new` (after `old`): engines that cannot exchange KV, within the new revision
+    and, during a rollout, between a changed role of the new revision and an unchanged role of the old one."""
+    label = f"revision {revision}" if revision else "the new revision"
+    old_label = f"revision {old_revision}" if old_revision else "the running revision"
+    problems = []
+    if old is not None and old.name != new.name:
+        problems.append(f"{label}: name {new.name!r} differs from {old_label}'s {old.name!r}; a revision cannot "
+                        f"rename a deployment (apply it as a new deployment)")
+    for role in new.role_names:
+        try:
+            built_for = load_manifest(new.engine_dir(role)).model.name
+        except ConfigError as exc:
+            problems.append(f"{label}: {role}: {exc}")
+            continue
+        if built_for != new.model:
+            problems.append(f"{label}: {role} engine {new.engine_dir(role)} was built for model {built_for}, "
+                            f"the spec says {new.model}")
+    if problems or new.mode != "disaggregated":
+        return problems
+    problems += [f"{label}: prefill vs decode: {p}" for p in check_pair(new.engine_dir("prefill"),
+                                                                        new.engine_dir("decode"))]
+    if old is None or old.mode != "disaggregated":
+        return problems
+    try:
+        changed = changed_roles(old, new, old_shapes)
+    except ConfigError as exc:
+        return problems + [f"{old_label}: {exc}"]
+    for kept, moved in (("prefill", "decode"), ("decode", "prefill")):
+        if kept in changed or moved not in changed:
+            continue
+        engines = {kept: old.engine_dir(kept), moved: new.engine_dir(moved)}
+        for p in check_pair(engines["prefill"], engines["decode"]):
+            problems.append(f"{label} changes {moved} and keeps {kept} of {old_label}: during the rollout {moved} "
+                            f"({label}) and {kept} ({old_label}) exchange KV: {p}")
+    return problems
+
+
+def _digest(data: object) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
