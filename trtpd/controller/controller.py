@@ -110,7 +110,7 @@ class Controller:
             elif action.kind == "drain":
                 self.executor.drain(action.instance)
             elif action.kind == "stop":
-                self.executor.stop(action.instance, force=action.force)
+                self.executor.stop(action.instance, force=action.force, reason=action.reason)
             self.store.audit(ACTOR, action.kind, action.revision or self._revision_of(action.instance),
                              {"instance": action.instance, "role": action.role, "force": action.force,
                               "reason": action.reason})

@@ -105,7 +105,9 @@ class LocalExecutor:
             routable = view is not None and view["state"] in ("ready", "draining")
             alive = state in ("ready", "starting")
             ready = state == "ready" and (routable if health is not None else True)
-            holds = -1 if view is None else view.get("gateway_holds", 0) + view["waiting"] + view["active"]
+            # the gateway counts its own requests exactly, the instance (lagging) also those the gateway no longer
+            # tracks (an export a client abandoned): at least the larger of the two is still there
+            holds = -1 if view is None else max(view.get("gateway_holds", 0), view["waiting"] + view["active"])
             out.append(ObservedInstance(inst.name, inst.role, inst.revision, alive, ready, holds,
                                         reason or (f"gateway sees it {view['state']}" if view and not ready else "")))
         return out
@@ -139,7 +141,7 @@ class LocalExecutor:
         fleet.instance(name).admin_state = "draining"
         self._save(fleet)
 
-    def stop(self, name: str, force: bool = False) -> None:
+    def stop(self, name: str, force: bool = False, reason: str = "") -> None:
         """Takes it out of fleet.json (the gateway forgets it at once), then stops its server and cleans what it
         left on a thread of its own: a graceful tritonserver exit takes seconds, and the controller's next pass
         (a death elsewhere, a drain) should not wait for it."""
@@ -151,7 +153,8 @@ class LocalExecutor:
         self._save(fleet)
         folder = instance_folder(fleet, name)
         if folder.is_dir():
-            stub_watch.mark_stopping(folder)
+            stub_watch.mark_stopping(folder, f"instance {name} is being stopped by the controller"
+                                             f"{': ' + reason if reason else ''}; retry (other instances serve)")
 
         def finish() -> None:
             stop_server(inst.server, FORCE_STOP_TIMEOUT_S if force else STOP_TIMEOUT_S)

@@ -66,7 +66,7 @@ class RoutingSpec(_Strict):
     decode_load: Literal["free_kv_blocks", "sequences"] = "free_kv_blocks"
     tie_break: Literal["name", "least_recent"] = "least_recent"
     max_prefill_attempts: int = Field(2, ge=1)
-    max_decode_attempts: int = Field(1, ge=1)
+    max_decode_attempts: int = Field(2, ge=1)   # a decode instance lost before the first token: once more elsewhere
     spill_to_longer_buckets: bool = False
 
 

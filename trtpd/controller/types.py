@@ -103,8 +103,9 @@ class Executor(Protocol):
         """The router sends it no new request from now on; what it holds finishes."""
         ...
 
-    def stop(self, name: str, force: bool = False) -> None:
-        """Stops it (force: at once, without waiting for what it holds) and forgets it."""
+    def stop(self, name: str, force: bool = False, reason: str = "") -> None:
+        """Stops it (force: at once, without waiting for what it holds) and forgets it; `reason` is what the
+        requests still there are told."""
         ...
 
     def set_traffic(self, split: TrafficSplit) -> None:

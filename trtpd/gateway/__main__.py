@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-queued", type=int, default=256, help="waiting requests beyond which clients get 429")
     p.add_argument("--slo-ttft-s", type=float, default=1.0, help="TTFT target for live goodput")
     p.add_argument("--slo-tpot-s", type=float, default=0.1, help="TPOT target for live goodput")
+    p.add_argument("--wait-for-instance-s", type=float, default=15.0,
+                   help="a request that finds no ready instance of a role it needs waits this long for one (a "
+                        "replacement being started) before it gets 503")
     args = p.parse_args(argv)
 
     from trtpd.errors import TrtpdError

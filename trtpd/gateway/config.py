@@ -38,6 +38,7 @@ class GatewayConfig:
     slo_ttft_s: float = 1.0          # live goodput: requests meeting both
     slo_tpot_s: float = 0.1
     poll_interval_s: float = 0.2     # instance load probes
+    wait_for_instance_s: float = 15.0   # a request finding no ready instance of a role waits this long (healing)
     fleet_file: Path | None = None   # re-read when it changes: instances added/removed, drains, canary, routing
 
 

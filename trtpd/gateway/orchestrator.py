@@ -5,6 +5,7 @@ elsewhere). Yields the generated tokens as they arrive; every path releases the 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -35,8 +36,11 @@ class Generated:
 
 class FleetOrchestrator:
     def __init__(self, mode: str, router: Router, clients: dict[str, RoleClient],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, wait_for_instance_s: float = 0.0) -> None:
+        """wait_for_instance_s: a request that finds no instance of a role it needs (all busy elsewhere, dead and
+        being replaced by the controller, draining) waits this long for one before it fails (503)."""
         self.mode = mode
+        self.wait_for_instance_s = wait_for_instance_s
         self.router = router
         self.clients = clients
         self.clock = clock
@@ -62,7 +66,7 @@ class FleetOrchestrator:
                              exclude: frozenset[str]):
         attempt = 1
         while True:
-            prefill = self.router.pick_prefill(request_id, len(ids), self.clock(), exclude)
+            prefill = await self._pick(lambda: self.router.pick_prefill(request_id, len(ids), self.clock(), exclude))
             if prefill is None:
                 raise GatewayError("no prefill instance is ready; retry later", "unavailable")
             held = _Holds(self.holds, prefill.instance)
@@ -74,7 +78,8 @@ class FleetOrchestrator:
                     exclude, attempt = self._decide(request_id, "prefill", exc, attempt, exclude)
                     continue
                 self.router.prefill_done(request_id)
-                decode = self.router.pick_decode(request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude)
+                decode = await self._pick(lambda: self.router.pick_decode(
+                    request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude))
                 if decode is None:
                     raise GatewayError("no decode instance can take this request now; retry later", "unavailable")
                 held.add(decode.instance)
@@ -94,7 +99,9 @@ class FleetOrchestrator:
                     if streamed:   # the client has part of the answer: no retry can continue it
                         raise GatewayError(f"decode instance {decode.instance} failed mid-stream: {exc}",
                                            _http_kind(exc.kind)) from None
-                    stage = "kv_pull" if exc.kind == "unavailable" else "decode"
+                    # the decode model's own "unavailable" is a KV pull that failed (prefill gone, export
+                    # expired); a decode instance that cannot be reached is decode's failure, not prefill's
+                    stage = "kv_pull" if exc.kind == "unavailable" and not exc.transport else "decode"
                     exclude, attempt = self._decide(request_id, stage, exc, attempt, exclude,
                                                     failed=prefill.instance if stage == "kv_pull" else exc.instance)
             finally:
@@ -114,16 +121,33 @@ class FleetOrchestrator:
                 failed: str | None = None) -> tuple[frozenset[str], int]:
         """Asks the routing core what to do about a failed step; raises GatewayError unless it retries."""
         decision = self.router.on_failure(request_id, stage, exc.kind, attempt, failed or exc.instance, self.clock())
-        if decision.action == "fail":
+        limit = self.router.policy.max_decode_attempts if stage == "decode" else self.router.policy.max_prefill_attempts
+        if decision.action == "fail" and not (self.wait_for_instance_s > 0 and exc.kind == "unavailable"
+                                              and decision.error_kind == "unavailable" and attempt < limit):
             raise GatewayError(decision.message or str(exc), _http_kind(decision.error_kind))
+        # a retry, or one whose only obstacle is that no other instance is ready now: the next pick waits for one
         return exclude | decision.exclude, attempt + 1
+
+    async def _pick(self, pick):
+        """The routing core's pick; when it finds nothing, asks again every 50 ms for wait_for_instance_s."""
+        route = pick()
+        if route is not None or self.wait_for_instance_s <= 0:
+            return route
+        deadline = time.monotonic() + self.wait_for_instance_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            route = pick()
+            if route is not None:
+                return route
+        return None
 
     # ---- colocated ---------------------------------------------------------------------------
     async def _colocated(self, request_id: str, ids: list[int], sampling: SamplingInputs,
                          exclude: frozenset[str]):
         attempt = 1
         while True:
-            route = self.router.pick_colocated(request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude)
+            route = await self._pick(lambda: self.router.pick_colocated(
+                request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude))
             if route is None:
                 raise GatewayError("no colocated instance can take this request now; retry later", "unavailable")
             streamed = False

@@ -28,7 +28,7 @@ def serve(args) -> None:
 
     config = from_fleet_file(args.fleet_file, host=args.host, api_keys=_api_keys(args.api_key_file),
                         max_inflight=args.max_inflight, max_queued=args.max_queued, slo_ttft_s=args.slo_ttft_s,
-                        slo_tpot_s=args.slo_tpot_s)
+                        slo_tpot_s=args.slo_tpot_s, wait_for_instance_s=args.wait_for_instance_s)
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only for sockets that say so,
     # and without it a keep-alive client waits ~40 ms per response (Nagle against delayed ACKs)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

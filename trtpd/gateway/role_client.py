@@ -29,10 +29,11 @@ class RoleError(Exception):
     """A sub-request failed; `kind` says whose fault: invalid_arg (the client), unavailable (the instance is
     gone or refused for now), internal (a server fault)."""
 
-    def __init__(self, message: str, kind: str, instance: str) -> None:
+    def __init__(self, message: str, kind: str, instance: str, transport: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
         self.instance = instance
+        self.transport = transport   # the instance itself could not be reached or broke the stream
 
 
 @dataclass
@@ -123,12 +124,22 @@ class RoleClient:
                 if final is not None and final.bool_param:
                     return
             raise RoleError(f"instance {self.name} closed the stream before the final response", "unavailable",
-                            self.name)
+                            self.name, transport=True)
         except InferenceServerException as exc:   # connection refused, instance gone
-            raise RoleError(f"instance {self.name}: {exc.message()}", "unavailable", self.name) from None
+            raise RoleError(f"instance {self.name}: {exc.message()}", "unavailable", self.name,
+                            transport=True) from None
         except grpc.RpcError as exc:   # the stream broke (the instance's server died mid-request)
             details = exc.details() if hasattr(exc, "details") else str(exc)
-            raise RoleError(f"instance {self.name}: the stream broke ({details})", "unavailable", self.name) from None
+            raise RoleError(f"instance {self.name}: the stream broke ({details})", "unavailable", self.name,
+                            transport=True) from None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():   # our caller is being cancelled: let it go
+                raise
+            # grpc cancelled the call under us (the channel closed): the request failed, say so, never end
+            # the client's stream as if it were complete
+            raise RoleError(f"instance {self.name}: the call was cancelled (its connection closed)", "unavailable",
+                            self.name, transport=True) from None
         finally:
             done.set()
             responses.cancel()

@@ -74,13 +74,14 @@ class FleetService:
         self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
         self.num_routed = 0
         self._fleet_stamp: tuple[int, int] | None = None
-        self._closing: list[RoleClient] = []
+        self._closing: list[tuple[RoleClient, float]] = []   # removed instances' clients, since when
 
     async def start(self) -> None:
         cfg = self.config
         self._slots = asyncio.Semaphore(cfg.max_inflight)
         self.clients = {i.name: RoleClient(i.name, i.grpc_url, i.model, self.key) for i in cfg.instances}
-        self.orchestrator = FleetOrchestrator(cfg.mode, self.router, self.clients)
+        self.orchestrator = FleetOrchestrator(cfg.mode, self.router, self.clients,
+                                              wait_for_instance_s=cfg.wait_for_instance_s)
         self.reload()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
@@ -88,7 +89,7 @@ class FleetService:
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
-        for client in [*self.clients.values(), *self._closing]:
+        for client in [*self.clients.values(), *(c for c, _ in self._closing)]:
             await client.close()
 
     # ---- the fleet file: instances come and go under the controller --------------------------
@@ -118,7 +119,7 @@ class FleetService:
             if inst.name not in self.clients:
                 self.clients[inst.name] = RoleClient(inst.name, inst.grpc_url, inst.model, self.key)
         for name in [n for n in self.clients if n not in names]:
-            self._closing.append(self.clients.pop(name))
+            self._closing.append((self.clients.pop(name), time.monotonic()))
         self.draining = {n for n in directives.draining if n in names}
         self.split = Split.from_dict(directives.traffic)
         if directives.routing is not None:
@@ -173,8 +174,12 @@ class FleetService:
     async def _poll_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.poll_interval_s)
-            closing, self._closing = self._closing, []
-            for client in closing:
+            # a removed instance's client closes once nothing of this gateway runs on it (or after 10 min)
+            holds = self.orchestrator.holds if self.orchestrator else {}
+            now = time.monotonic()
+            closing = [(c, t) for c, t in self._closing if holds.get(c.name, 0) == 0 or now - t > 600]
+            self._closing = [(c, t) for c, t in self._closing if (c, t) not in closing]
+            for client, _ in closing:
                 await client.close()
             try:
                 self.reload()

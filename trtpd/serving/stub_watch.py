@@ -165,8 +165,9 @@ def format_death(record: dict) -> str:
             f"{record.get('detected_by')}; in-flight requests failed: {failed}")
 
 
-def mark_stopping(state_dir: Path) -> None:
-    write_private(Path(state_dir) / STOPPING_FILE, {"since": time.time()})
+def mark_stopping(state_dir: Path, message: str = STOPPING_MESSAGE) -> None:
+    """The server is being stopped on purpose; its stubs end what they serve with `message`."""
+    write_private(Path(state_dir) / STOPPING_FILE, {"since": time.time(), "message": message})
 
 
 def clear_state(state_dir: Path) -> None:
@@ -236,7 +237,11 @@ class StubWatch:
         if (self.state_dir / STOPPING_FILE).exists():
             if not self._stopping_seen and self.on_stopping is not None:
                 self._stopping_seen = True
-                self.on_stopping(STOPPING_MESSAGE)
+                try:
+                    message = json.loads((self.state_dir / STOPPING_FILE).read_text()).get("message")
+                except (OSError, ValueError):
+                    message = None
+                self.on_stopping(message or STOPPING_MESSAGE)
             return
         if self._handled:
             return

@@ -135,7 +135,7 @@ class KubernetesExecutor:
             self._patch_pod(pod, {"metadata": {"labels": {LABEL_STATE: "draining"}}})
         self._publish(self._pods())
 
-    def stop(self, name: str, force: bool = False) -> None:
+    def stop(self, name: str, force: bool = False, reason: str = "") -> None:
         pods = [p for p in self._pods(f"{LABEL_INSTANCE}={name}") if _labels(p).get(LABEL_STATE) != "stopped"
                 or force]
         for pod in pods:

@@ -1,0 +1,258 @@
+"""The controller end to end: real tritonservers, the real gateway, the controller process, the official
+`openai` client as the load. Scaling and healing under load, drain timeouts, and three rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from trtpd.cli.main import main as trtpd
+from trtpd.controller.client import open_store
+from trtpd.controller.daemon import bring_up
+from trtpd.fleet.records import load_fleet
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = [f"request {i}: " + "tell me about prefill and decode " * (1 + i % 5) for i in range(8)]
+MAX_TOKENS = 12
+
+
+def write_spec(path: Path, name: str, build_root: Path, *, decode: str = "{instances: 1}",
+               prefill: str = "{instances: 1}", engines_extra: str = "", rollout: str = "", slo: str = "") -> Path:
+    path.write_text(f"""name: {name}
+model: tiny-llama
+engines: {{build_root: {build_root}{engines_extra}}}
+roles:
+  prefill: {prefill}
+  decode: {decode}
+slo: {slo or '{ttft_s: 2.0, itl_s: 0.1, tpot_s: 0.1, attainment: 0.9}'}
+rollout: {rollout or '{canary_share: 0.5, bake_s: 5, min_requests: 6, max_ttft_ratio: 4, max_itl_ratio: 4, drain_timeout_s: 20}'}
+""")
+    return path
+
+
+def client(name: str) -> OpenAI:
+    gw = load_fleet(name).gateway
+    return OpenAI(base_url=f"http://127.0.0.1:{gw['port']}/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def complete(c: OpenAI, prompt: str, max_tokens: int = MAX_TOKENS) -> str:
+    stream = c.completions.create(model="tiny-llama", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                  stream=True)
+    return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+
+class Load:
+    """`threads` clients sending the PROMPTS round robin (streaming, greedy) until stopped; bounded in time."""
+
+    def __init__(self, c: OpenAI, threads: int = 2, max_s: float = 240.0) -> None:
+        self.c, self.results, self.errors = c, [], []
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + max_s
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def _run(self, i: int) -> None:
+        n = i
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            prompt = PROMPTS[n % len(PROMPTS)]
+            try:
+                self.results.append((prompt, complete(self.c, prompt)))
+            except Exception as exc:   # reported with its cause by the test
+                self.errors.append((prompt, f"{type(exc).__name__}: {exc}"))
+            n += len(self._threads)
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(90)
+
+
+def audit(name: str, action: str | None = None) -> list:
+    return [e for e in open_store(name).audit_log() if action is None or e.action == action]
+
+
+def wait_audit(name: str, predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [e for e in open_store(name).audit_log() if predicate(e)]
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; audit: "
+                         f"{[(e.action, e.detail) for e in open_store(name).audit_log()[-15:]]}")
+
+
+def pids(name: str) -> dict[str, int]:
+    return {i.name: i.server.pid for i in load_fleet(name).instances}
+
+
+def counts(name: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for i in load_fleet(name).instances:
+        out[i.role] = out.get(i.role, 0) + 1
+    return out
+
+
+@pytest.fixture
+def deployment(trtpd_home, fp16_root, tmp_path):
+    """A disaggregated deployment under its controller; stopped (controller first) after the test."""
+    started = []
+
+    def up(name: str, **spec) -> Path:
+        path = write_spec(tmp_path / f"{name}.yaml", name, fp16_root, **spec)
+        bring_up(path, progress=lambda *_: None)
+        started.append(name)
+        return path
+
+    yield up
+    for name in started:
+        assert trtpd(["down", "--name", name]) == 0
+
+
+def test_scale_under_load_keeps_every_request_and_its_greedy_output(deployment):
+    deployment("scale")
+    c = client("scale")
+    reference = {p: complete(c, p) for p in PROMPTS}
+    timings = {}
+    with Load(c) as load:
+        for target in ("prefill=2", "decode=2", "prefill=1", "decode=1"):
+            time.sleep(1.0)
+            started = time.monotonic()
+            assert trtpd(["scale", "scale", target, "--timeout-s", "120"]) == 0
+            timings[target] = time.monotonic() - started
+            role, n = target.split("=")
+            assert counts("scale")[role] == int(n)
+        time.sleep(1.0)
+    print(f"scale timings (CLI, until converged): {timings}; {len(load.results)} requests under load")
+    assert load.errors == []
+    assert len(load.results) >= 20
+    wrong = [(p, text) for p, text in load.results if text != reference[p]]
+    assert wrong == [], f"{len(wrong)} responses differ from the unscaled greedy output"
+    drained = audit("scale", "drained")
+    assert sorted(e.detail["role"] for e in drained) == ["decode", "prefill"]   # drained, not killed
+    assert not audit("scale", "drain_timeout")
+
+
+def test_sigkill_is_healed_and_prefill_requests_survive(deployment):
+    deployment("heal")
+    c = client("heal")
+    reference = {p: complete(c, p) for p in PROMPTS}
+    healing = {}
+    with Load(c) as load:
+        for role in ("prefill", "decode"):
+            time.sleep(1.5)
+            victim = next(i for i in load_fleet("heal").instances if i.role == role)
+            killed_at = time.time()
+            os.kill(victim.server.pid, signal.SIGKILL)
+            ready = wait_audit("heal", lambda e: e.action == "ready" and e.detail["role"] == role
+                               and e.ts > killed_at, 60, f"a replacement {role} instance")
+            failed = wait_audit("heal", lambda e: e.action == "failed" and e.detail["instance"] == victim.name,
+                                5, f"{victim.name} recorded as failed")
+            healing[role] = {"detected_s": round(failed.ts - killed_at, 2), "replaced_s": round(ready.ts - killed_at, 2)}
+            assert victim.name not in pids("heal")
+        time.sleep(1.5)
+    print(f"healing: {healing}; {len(load.results)} ok, errors: {load.errors}")
+    for role, t in healing.items():
+        assert t["replaced_s"] < 30, f"{role} replaced after {t['replaced_s']} s"
+    # prefill's requests are prefilled again on the replacement; decode's streams in flight end with an error
+    # naming the instance (the client had part of the answer)
+    assert all("decode" in cause and "failed" in cause for _, cause in load.errors), load.errors
+    assert len(load.errors) <= 2
+    assert [p for p, text in load.results if text != reference[p]] == []
+
+
+def test_drain_timeout_ends_what_is_left_with_an_error(deployment):
+    deployment("drain", decode="{instances: 2, step_delay_ms: 40}",
+               rollout="{drain_timeout_s: 2}")
+    c = client("drain")
+    outcomes = []
+
+    def long_request(i: int) -> None:
+        try:
+            outcomes.append(("ok", complete(c, PROMPTS[i], max_tokens=150)))
+        except Exception as exc:
+            outcomes.append(("error", f"{type(exc).__name__}: {exc}"))
+
+    threads = [threading.Thread(target=long_request, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20   # both decode instances hold one stream each (least-loaded routing)
+    while time.monotonic() < deadline:
+        health = httpx.get(f"http://127.0.0.1:{load_fleet('drain').gateway['port']}/health").json()
+        if sorted(v["gateway_holds"] for v in health["instances"] if v["role"] == "decode") == [1, 1]:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the two streams did not spread over the two decode instances: {health}")
+    assert trtpd(["scale", "drain", "decode=1", "--timeout-s", "60"]) == 0
+    for t in threads:
+        t.join(60)
+    timeout = audit("drain", "drain_timeout")
+    assert len(timeout) == 1 and timeout[0].detail["holds"] >= 1
+    assert sorted(kind for kind, _ in outcomes) == ["error", "ok"], outcomes
+    error = next(text for kind, text in outcomes if kind == "error")
+    assert timeout[0].detail["instance"] in error and "failed mid-stream" in error
+
+
+def test_rollouts_refused_rolled_back_promoted_undone(deployment, fp16_root, fp8_root, tmp_path, capsys):
+    base = deployment("ro")
+    c = client("ro")
+    reference = {p: complete(c, p) for p in PROMPTS}
+    incompatible = write_spec(tmp_path / "fp8-decode.yaml", "ro", fp16_root,
+                              engines_extra=f", decode: {fp8_root / 'decode-tp1'}")
+    slow = write_spec(tmp_path / "slow.yaml", "ro", fp16_root, decode="{instances: 1, step_delay_ms: 150}")
+    good = write_spec(tmp_path / "good.yaml", "ro", fp16_root, decode="{instances: 1, max_batch_size: 32}")
+    timeline = {}
+    with Load(c) as load:
+        before = pids("ro")
+        assert trtpd(["rollout", str(incompatible)]) == 2
+        out = capsys.readouterr().out
+        assert "refused (nothing was started)" in out and "KV dtype differs: prefill fp16, decode fp8" in out
+        assert pids("ro") == before
+
+        started = time.monotonic()
+        assert trtpd(["rollout", str(slow)]) == 1
+        timeline["slow"] = time.monotonic() - started
+        out = capsys.readouterr().out
+        assert "rollout_rolling_back" in out and "ITL p90" in out and "> SLO 100 ms" in out
+        assert pids("ro") == before   # the stable instances never moved
+
+        started = time.monotonic()
+        assert trtpd(["rollout", str(good)]) == 0
+        timeline["good"] = time.monotonic() - started
+        after_good = pids("ro")
+        assert after_good["prefill-0"] == before["prefill-0"]      # unchanged role kept, relabelled
+        assert "decode-0" not in after_good
+
+        started = time.monotonic()
+        assert trtpd(["rollout", "--undo", "ro"]) == 0
+        timeline["undo"] = time.monotonic() - started
+        time.sleep(1.0)
+    print(f"rollout timelines (s): {timeline}; {len(load.results)} requests, errors {load.errors}")
+    assert load.errors == []
+    assert [p for p, text in load.results if text != reference[p]] == []
+    store = open_store("ro")
+    statuses = [(r.number, r.status) for r in store.revisions()]
+    assert statuses == [(1, "superseded"), (2, "refused"), (3, "rolled_back"), (4, "superseded"), (5, "promoted")]
+    assert json.loads(json.dumps(store.revision(5).spec_json)) == store.revision(1).spec_json
+    gate = next(e for e in audit("ro", "rollout_rolling_back") if e.revision == 3).detail["gate"]
+    assert gate["canary"]["itl_p_s"] > 0.1 and not gate["passed"]
+    assert trtpd(["history", "ro"]) == 0
+    history = capsys.readouterr().out
+    for word in ("refused", "rolled_back", "promoted", "rollout_promoting", "rollout_refused", "drained"):
+        assert word in history
+    assert base.is_file()
