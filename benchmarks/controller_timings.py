@@ -1,0 +1,126 @@
+"""How long the controller takes to add an instance, drain one (idle and under load) and heal a SIGKILL, next to
+baselines from the same run: a whole fleet's cold start (`trtpd up -f`), and one instance's own start-up
+(from start to ready, as the controller's audit log records it).
+
+    .venv/bin/python benchmarks/controller_timings.py [--repeats 3] [--engines engines]
+
+Needs the reference engines (`./scripts/demo.sh` builds them, or --engines with a `trtpd build` output).
+Every figure is min / median / max over the repeats, in seconds. Runs in a temporary TRTPD_HOME and stops
+everything it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def summary(values: list[float]) -> str:
+    return f"{min(values):6.2f} / {statistics.median(values):6.2f} / {max(values):6.2f}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--engines", type=Path, default=ROOT / "engines")
+    args = p.parse_args()
+    build_root = (args.engines / "tiny-llama" / "reference-fp16").resolve()
+    if not (build_root / "decode-tp1").is_dir():
+        print(f"no reference engines under {build_root}; run ./scripts/demo.sh or trtpd build --backend reference")
+        return 2
+    home = tempfile.mkdtemp(prefix="trtpd-bench-controller-")
+    os.environ["TRTPD_HOME"] = home
+    from openai import OpenAI
+
+    from trtpd.cli.main import main as trtpd
+    from trtpd.controller.client import open_store
+    from trtpd.controller.daemon import bring_up
+    from trtpd.fleet.records import load_fleet
+
+    spec = Path(home) / "bench.yaml"
+    spec.write_text(f"name: bench\nmodel: tiny-llama\nengines: {{build_root: {build_root}}}\n"
+                    f"roles:\n  prefill: {{instances: 1}}\n  decode: {{instances: 1}}\n")
+
+    def last_id() -> int:
+        log = open_store("bench").audit_log()
+        return log[-1].id if log else 0
+
+    def events(since: int, action: str) -> list:
+        return [e for e in open_store("bench").audit_log(since_id=since) if e.action == action]
+
+    def wait_event(since: int, action: str, timeout_s: float = 120):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = events(since, action)
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise SystemExit(f"no {action} event within {timeout_s} s")
+
+    rows: dict[str, list[float]] = {k: [] for k in (
+        "cold start: trtpd up -f (1 prefill + 1 decode, baseline)", "one instance start -> ready (baseline)",
+        "scale decode 1->2: command -> new instance routable", "drain decode (idle): drain -> retired",
+        "drain decode (under load): drain -> retired", "SIGKILL prefill -> detected",
+        "SIGKILL prefill -> replacement ready")}
+    for _ in range(args.repeats):
+        started = time.monotonic()
+        bring_up(spec, progress=lambda *_: None)
+        rows["cold start: trtpd up -f (1 prefill + 1 decode, baseline)"].append(time.monotonic() - started)
+        gw = load_fleet("bench").gateway
+        client = OpenAI(base_url=f"http://127.0.0.1:{gw['port']}/v1", api_key="none", max_retries=0)
+        try:
+            since = last_id()
+            t0 = time.time()
+            assert trtpd(["scale", "bench", "decode=2"]) == 0
+            ready = wait_event(since, "ready")
+            rows["scale decode 1->2: command -> new instance routable"].append(ready.ts - t0)
+            rows["one instance start -> ready (baseline)"].append(ready.detail["start_s"])
+            since = last_id()
+            assert trtpd(["scale", "bench", "decode=1"]) == 0
+            rows["drain decode (idle): drain -> retired"].append(wait_event(since, "drained").detail["drain_s"])
+
+            assert trtpd(["scale", "bench", "decode=2"]) == 0
+            stop = threading.Event()
+
+            def load() -> None:
+                while not stop.is_set():
+                    list(client.completions.create(model="tiny-llama", prompt="hello " * 40, max_tokens=32,
+                                                   temperature=0, stream=True))
+            threads = [threading.Thread(target=load) for _ in range(3)]
+            for t in threads:
+                t.start()
+            time.sleep(2.0)
+            since = last_id()
+            assert trtpd(["scale", "bench", "decode=1"]) == 0
+            rows["drain decode (under load): drain -> retired"].append(wait_event(since, "drained").detail["drain_s"])
+            stop.set()
+            for t in threads:
+                t.join(60)
+
+            victim = next(i for i in load_fleet("bench").instances if i.role == "prefill")
+            since = last_id()
+            t0 = time.time()
+            os.kill(victim.server.pid, signal.SIGKILL)
+            rows["SIGKILL prefill -> detected"].append(wait_event(since, "failed").ts - t0)
+            rows["SIGKILL prefill -> replacement ready"].append(wait_event(since, "ready").ts - t0)
+        finally:
+            trtpd(["down", "--name", "bench"])
+    print(f"controller timings on {os.cpu_count()} cores, {args.repeats} repeats (min / median / max, s)")
+    width = max(len(k) for k in rows)
+    for name, values in rows.items():
+        print(f"  {name:<{width}}  {summary(values)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

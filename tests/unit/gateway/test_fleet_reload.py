@@ -1,0 +1,143 @@
+"""The gateway following fleet.json under the controller: instances added and removed, drains, the canary
+split's cohorts, the routing policy; and the orchestrator waiting for a replacement instance."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from trtpd.gateway.config import from_fleet_file
+from trtpd.gateway.orchestrator import FleetOrchestrator
+from trtpd.gateway.role_client import RoleChunk, SamplingInputs
+from trtpd.gateway.service import FleetService
+from trtpd.routing.core import InstanceView, Router
+
+
+def instance(name: str, role: str, revision: int = 1, admin_state: str = "ready") -> dict:
+    return {"name": name, "role": role, "model": role, "grpc_url": "127.0.0.1:1", "metrics_url": "http://127.0.0.1:1",
+            "max_input_len": 64, "max_seq_len": 96, "revision": revision, "admin_state": admin_state}
+
+
+def write(path: Path, folder: Path, instances: list[dict], traffic=None, routing=None) -> None:
+    body = {"name": "t", "mode": "disaggregated", "key_file": str(path.parent / "kv.key"),
+            "tokenizer_dir": str(folder), "instances": instances, "traffic": traffic, "routing": routing}
+    path.write_text(json.dumps(body))
+    st = path.stat()   # a rewrite within one mtime tick must still be seen: move the mtime on
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+@pytest.fixture
+def fleet_file(tmp_path, fp16_root) -> Path:
+    path = tmp_path / "fleet.json"
+    write(path, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-0", "decode")])
+    return path
+
+
+def ready(svc: FleetService, *names_roles) -> None:
+    """What a probe would report: these instances up and idle."""
+    svc.router.update([InstanceView(n, r, max_kv_blocks=100, free_kv_blocks=100) for n, r in names_roles], 1.0)
+    svc._apply_draining()
+
+
+def test_reload_adds_and_removes_instances_and_applies_drains(fleet_file, fp16_root):
+    svc = FleetService(from_fleet_file(fleet_file))
+    assert svc.reload() and set(svc.clients) == {"prefill-0", "decode-0"}
+    assert not svc.reload()   # unchanged file: nothing read
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"),
+                                                 instance("decode-0", "decode", admin_state="draining"),
+                                                 instance("decode-1", "decode")])
+    assert svc.reload()
+    assert set(svc.clients) == {"prefill-0", "decode-0", "decode-1"} and svc.draining == {"decode-0"}
+    ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode"))
+    states = {v.name: v.state for v in svc.router.instances()}
+    assert states == {"prefill-0": "ready", "decode-0": "draining", "decode-1": "ready"}
+    route = svc.router.pick_decode("r1", 10, 10, 2.0)
+    assert route.instance == "decode-1"
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-1", "decode")])
+    assert svc.reload()
+    assert set(svc.clients) == {"prefill-0", "decode-1"} and [c.name for c, _ in svc._closing] == ["decode-0"]
+    assert svc.draining == set()
+
+
+def test_undraining_in_the_file_restores_the_instance(fleet_file, fp16_root):
+    svc = FleetService(from_fleet_file(fleet_file))
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"),
+                                                 instance("decode-0", "decode", admin_state="draining")])
+    svc.reload()
+    ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"))
+    assert svc.router.pick_decode("r1", 10, 10, 2.0) is None
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-0", "decode")])
+    svc.reload()
+    assert svc.router.pick_decode("r2", 10, 10, 2.0).instance == "decode-0"
+
+
+def test_canary_cohorts_and_their_fallback(fleet_file, fp16_root):
+    svc = FleetService(from_fleet_file(fleet_file))
+    traffic = {"stable_revision": 1, "canary_revision": 2, "canary_share": 0.5, "changed_roles": ["decode"],
+               "canary_instances": ["decode-1"]}
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-0", "decode"),
+                                                 instance("decode-1", "decode", revision=2)], traffic=traffic)
+    svc.reload()
+    ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode"))
+    cohorts = [svc.cohort() for _ in range(4)]
+    assert [rev for rev, _ in cohorts] == [1, 2, 1, 2]
+    assert [ex for _, ex in cohorts] == [{"decode-1"}, {"decode-0"}, {"decode-1"}, {"decode-0"}]
+    # the canary instance is not ready (died): canary requests go to the stable cohort instead of failing
+    ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"))
+    assert [svc.cohort() for _ in range(2)] == [(1, {"decode-1"}), (1, {"decode-1"})]
+    # the last stable decode drains (promotion): stable requests go to the canary cohort
+    ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode"))
+    svc.router.set_state("decode-0", "draining")
+    assert [svc.cohort() for _ in range(2)] == [(2, {"decode-0"}), (2, {"decode-0"})]
+
+
+def test_routing_policy_from_the_file(fleet_file, fp16_root):
+    svc = FleetService(from_fleet_file(fleet_file))
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-0", "decode")],
+          routing={"balance": "round_robin", "max_prefill_attempts": 3, "prefill_buckets": [[512, ["prefill-0"]]]})
+    svc.reload()
+    assert svc.router.policy.balance == "round_robin" and svc.router.policy.max_prefill_attempts == 3
+    assert svc.router.policy.prefill_buckets == ((512, ("prefill-0",)),)
+
+
+class _FakeClient:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def stream(self, request_id, request_type, ids, sampling, handle=None):
+        yield RoleChunk([7], handle=b"h" if request_type == "context_only" else None, final=True)
+
+
+def test_a_request_waits_for_a_replacement_instance():
+    router = Router()
+    router.update([InstanceView("prefill-0", "prefill")], 0.0)   # no decode instance at all yet
+    clients = {"prefill-0": _FakeClient("prefill-0"), "decode-1": _FakeClient("decode-1")}
+    orch = FleetOrchestrator("disaggregated", router, clients, wait_for_instance_s=5.0)
+
+    async def go():
+        async def replacement():
+            await asyncio.sleep(0.3)
+            router.update([InstanceView("prefill-0", "prefill"), InstanceView("decode-1", "decode")], 1.0)
+        task = asyncio.create_task(replacement())
+        out = [g async for g in orch.generate("r", [1, 2, 3], SamplingInputs(max_new_tokens=1))]
+        await task
+        return out
+    out = asyncio.run(go())
+    assert out[0].token_ids == [7] and out[0].decode_instance == "decode-1"
+    assert orch.holds == {}   # what the request held is dropped when it ends
+
+
+def test_without_waiting_no_instance_is_an_immediate_503():
+    from trtpd.gateway.orchestrator import GatewayError
+    router = Router()
+    router.update([InstanceView("prefill-0", "prefill")], 0.0)
+    orch = FleetOrchestrator("disaggregated", router, {"prefill-0": _FakeClient("prefill-0")})
+
+    async def go():
+        return [g async for g in orch.generate("r", [1, 2, 3], SamplingInputs(max_new_tokens=1))]
+    with pytest.raises(GatewayError, match="no decode instance"):
+        asyncio.run(go())
