@@ -256,3 +256,38 @@ def test_rollouts_refused_rolled_back_promoted_undone(deployment, fp16_root, fp8
     for word in ("refused", "rolled_back", "promoted", "rollout_promoting", "rollout_refused", "drained"):
         assert word in history
     assert base.is_file()
+
+
+def test_in_place_change_restarts_nothing(deployment, fp16_root, tmp_path, capsys):
+    deployment("inplace")
+    before = pids("inplace")
+    changed = write_spec(tmp_path / "routing.yaml", "inplace", fp16_root,
+                         slo="{ttft_s: 1.5, itl_s: 0.1, tpot_s: 0.1, attainment: 0.9}")
+    text = changed.read_text() + "routing: {balance: round_robin, max_prefill_attempts: 3}\n"
+    changed.write_text(text)
+    assert trtpd(["rollout", str(changed)]) == 0
+    out = capsys.readouterr().out
+    assert "applied in place (no instance restarted)" in out and "routing.balance" in out and "[in_place]" in out
+    assert pids("inplace") == before
+    fleet = load_fleet("inplace")
+    assert fleet.routing["balance"] == "round_robin" and fleet.routing["max_prefill_attempts"] == 3
+    assert {i.revision for i in fleet.instances} == {2}
+    assert complete(client("inplace"), PROMPTS[0])   # still serving
+
+
+def test_a_restarted_controller_resumes_and_heals(deployment):
+    from trtpd.controller.daemon import controller_alive, spawn_controller
+    deployment("resume")
+    store = open_store("resume")
+    first = controller_alive(store)
+    os.kill(int(first["pid"]), signal.SIGKILL)   # the controller dies; its instances keep serving
+    c = client("resume")
+    assert complete(c, PROMPTS[1])
+    victim = next(i for i in load_fleet("resume").instances if i.role == "decode")
+    os.kill(victim.server.pid, signal.SIGKILL)   # and an instance dies while no controller watches
+    restarted_at = time.time()
+    spawn_controller("resume")
+    ready = wait_audit("resume", lambda e: e.action == "ready" and e.ts > restarted_at, 60, "the replacement")
+    assert ready.detail["role"] == "decode" and ready.detail["instance"] != victim.name
+    assert counts("resume") == {"prefill": 1, "decode": 1}   # nothing started twice
+    assert complete(c, PROMPTS[1])
