@@ -182,11 +182,11 @@ def test_a_burst_over_capacity_gets_429s_not_timeouts_and_the_gateway_recovers(g
 
 
 def test_a_draining_instance_gets_no_new_request_and_serves_again_when_ready(gw_2p2d, prompts):
-    from trtpd.kv.auth import derive_key
+    from trtpd.kv.auth import gateway_admin_token
     from trtpd.kv.handle import load_or_create_key_file
 
     base = f"http://127.0.0.1:{gw_2p2d.gateway['port']}"
-    token = derive_key(load_or_create_key_file(gw_2p2d.key_file), "gateway-admin").hex()
+    token = gateway_admin_token(load_or_create_key_file(gw_2p2d.key_file))
 
     def put_state(name: str, state: str, auth: str = token) -> httpx.Response:
         return httpx.put(f"{base}/admin/instances/{name}", json={"state": state},

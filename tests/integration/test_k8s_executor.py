@@ -166,13 +166,20 @@ def test_a_restarted_executor_binds_what_the_first_one_started(kube, make_execut
     assert sorted((o.name, o.holds) for o in again.observe()) == [("decode-r1-0", 3), ("decode-r1-1", 0)]
 
 
-def test_a_pending_pod_is_not_alive(kube, make_executor, plan):
+def test_a_pending_pod_is_starting_and_a_crash_looping_one_is_not_alive(kube, make_executor, plan):
     ex = make_executor()
     ex.start("decode-r1-0", "decode", 1, decode_shape(plan))
-    kube.set_pod_status(kube.pods(DECODE)[0]["metadata"]["name"], "Pending", ready=False)
-    (seen,) = ex.observe()
-    assert (seen.name, seen.alive, seen.ready, seen.holds) == ("decode-r1-0", False, False, 0)
+    pod = kube.pods(DECODE)[0]["metadata"]["name"]
+    kube.set_pod_status(pod, "Pending", ready=False)
+    (seen,) = ex.observe()   # scheduling / pulling: the controller's "starting" (its start timeout bounds it)
+    assert (seen.name, seen.alive, seen.ready, seen.holds) == ("decode-r1-0", True, False, 0)
     assert "Pending" in seen.reason
+    kube.set_pod_status(pod, "Running", ready=False)
+    kube.objects[("pods", "default", pod)]["status"]["containerStatuses"] = [
+        {"name": "trtllm-serve", "ready": False, "restartCount": 3, "image": "x", "imageID": "x",
+         "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]
+    (seen,) = ex.observe()
+    assert (seen.alive, seen.ready) == (False, False) and "CrashLoopBackOff" in seen.reason
 
 
 def test_the_fleet_file_is_one_the_gateway_reads(kube, make_executor, plan, tmp_path):
@@ -232,3 +239,12 @@ def test_it_has_the_executor_protocols_methods():
         ours, theirs = inspect.signature(getattr(KubernetesExecutor, name)), inspect.signature(getattr(Executor, name))
         assert list(ours.parameters) == list(theirs.parameters), name
         assert [p.default for p in ours.parameters.values()] == [p.default for p in theirs.parameters.values()], name
+
+
+def test_in_place_routing_goes_into_the_gateways_fleet_file(kube, make_executor, plan):
+    ex = make_executor()
+    ex.start("decode-r1-0", "decode", 1, decode_shape(plan))
+    ex.observe()
+    assert fleet_file(kube)["routing"] is None
+    ex.apply_in_place({"routing": {"balance": "round_robin", "max_prefill_attempts": 3}})
+    assert fleet_file(kube)["routing"] == {"balance": "round_robin", "max_prefill_attempts": 3}

@@ -55,9 +55,9 @@ class LocalExecutor:
         url = self._gateway_url(fleet)
         if url is None:
             return None
-        from trtpd.kv.auth import derive_key
+        from trtpd.kv.auth import gateway_admin_token
         from trtpd.kv.handle import load_or_create_key_file
-        token = derive_key(load_or_create_key_file(Path(fleet.key_file)), "gateway-admin").hex()
+        token = gateway_admin_token(load_or_create_key_file(Path(fleet.key_file)))
         req = urllib.request.Request(url + path, method=method, data=b"" if method == "POST" else None,
                                      headers={"Authorization": f"Bearer {token}"})
         try:

@@ -189,10 +189,9 @@ class FleetService:
 
     @property
     def admin_token(self) -> str:
-        """What the fleet's controller sends (Bearer) to /admin: derived from the deployment key, so only
-        the deployment's owner (the key file is 0600) can drain or restore an instance."""
-        from trtpd.kv.auth import derive_key
-        return derive_key(self.key, "gateway-admin").hex()
+        """What the fleet's controller sends (Bearer) to /admin (trtpd.kv.auth.gateway_admin_token)."""
+        from trtpd.kv.auth import gateway_admin_token
+        return gateway_admin_token(self.key)
 
     def set_instance_state(self, name: str, state: str) -> dict:
         """Drains an instance (it gets no new request at once; what it serves finishes) or makes it ready."""

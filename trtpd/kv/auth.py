@@ -159,3 +159,9 @@ def check_orchestrator_token(key: bytes, token, request_type: str, input_ids, no
         raise OrchestratorAuthError(
             f"{refused} its {AUTH_PARAMETER} was issued {now_s - issued_s:.0f} s ago, outside the "
             f"{ORCHESTRATOR_TOKEN_MAX_AGE_S:.0f} s it is valid (replayed, or the clocks differ)")
+
+
+def gateway_admin_token(key: bytes) -> str:
+    """What a deployment's controller sends (Bearer) to its gateway's /admin endpoints: derived from the
+    deployment key, so only its owner (the key file is 0600) can drain, reload or read request samples."""
+    return derive_key(key, "gateway-admin").hex()

@@ -37,12 +37,25 @@ def fleet_file(tmp_path, fp16_root) -> Path:
     return path
 
 
+def in_loop(test):
+    """Runs the test inside an event loop: the gRPC asyncio clients the service makes need one."""
+    import functools
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        async def body():
+            return test(*args, **kwargs)
+        return asyncio.run(body())
+    return run
+
+
 def ready(svc: FleetService, *names_roles) -> None:
     """What a probe would report: these instances up and idle."""
     svc.router.update([InstanceView(n, r, max_kv_blocks=100, free_kv_blocks=100) for n, r in names_roles], 1.0)
     svc._apply_draining()
 
 
+@in_loop
 def test_reload_adds_and_removes_instances_and_applies_drains(fleet_file, fp16_root):
     svc = FleetService(from_fleet_file(fleet_file))
     assert svc.reload() and set(svc.clients) == {"prefill-0", "decode-0"}
@@ -63,6 +76,7 @@ def test_reload_adds_and_removes_instances_and_applies_drains(fleet_file, fp16_r
     assert svc.draining == set()
 
 
+@in_loop
 def test_undraining_in_the_file_restores_the_instance(fleet_file, fp16_root):
     svc = FleetService(from_fleet_file(fleet_file))
     write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"),
@@ -75,6 +89,7 @@ def test_undraining_in_the_file_restores_the_instance(fleet_file, fp16_root):
     assert svc.router.pick_decode("r2", 10, 10, 2.0).instance == "decode-0"
 
 
+@in_loop
 def test_canary_cohorts_and_their_fallback(fleet_file, fp16_root):
     svc = FleetService(from_fleet_file(fleet_file))
     traffic = {"stable_revision": 1, "canary_revision": 2, "canary_share": 0.5, "changed_roles": ["decode"],
@@ -95,6 +110,7 @@ def test_canary_cohorts_and_their_fallback(fleet_file, fp16_root):
     assert [svc.cohort() for _ in range(2)] == [(2, {"decode-0"}), (2, {"decode-0"})]
 
 
+@in_loop
 def test_routing_policy_from_the_file(fleet_file, fp16_root):
     svc = FleetService(from_fleet_file(fleet_file))
     write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-0", "decode")],

@@ -123,7 +123,7 @@ class KubernetesExecutor:
         observed = [self._observed(p) for p in pods if _labels(p).get(LABEL_STATE) != "stopped"]
         for dep in deployments:
             labels = _labels(dep)
-            observed += [ObservedInstance(n, labels[LABEL_ROLE], int(labels[LABEL_REVISION]), alive=False,
+            observed += [ObservedInstance(n, labels[LABEL_ROLE], int(labels[LABEL_REVISION]), alive=True,
                                           ready=False, reason=f"no pod yet: {dep.metadata.name} has not created it")
                          for n in pending[dep.metadata.name]]
         self._publish(pods)
@@ -161,6 +161,14 @@ class KubernetesExecutor:
         for dep in self._deployments():
             self._retire_if_empty(dep)
 
+    def apply_in_place(self, settings: dict) -> None:
+        """The routing policy goes into the gateway's fleet file (the gateway re-reads it when it changes)."""
+        if "routing" in settings:
+            self.routing = settings["routing"]
+        self._publish(self._pods())
+        if self.reload_gateway is not None:
+            self.reload_gateway()
+
     # ---- binding and observing --------------------------------------------------------------------------
     def _bind(self, pods: list, deployments: list) -> dict[str, list[str]]:
         """Binds unbound pods to pending names; returns each Deployment's names still without a pod."""
@@ -184,20 +192,24 @@ class KubernetesExecutor:
     def _observed(self, pod) -> ObservedInstance:
         labels, status = _labels(pod), pod.status
         name = labels.get(LABEL_INSTANCE, pod.metadata.name)
-        alive = status.phase == "Running"
-        ready = alive and _is_ready(pod) and pod.metadata.deletion_timestamp is None
+        waiting = [c.state.waiting.reason for c in status.container_statuses or []
+                   if c.state and c.state.waiting and c.state.waiting.reason]
+        crashing = any(w in ("CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError")
+                       for w in waiting)
+        # Pending (scheduling, pulling, creating) is the controller's "starting": alive, not ready; the start
+        # timeout bounds it. A container that crash-loops or cannot be pulled is not alive.
+        alive = status.phase in ("Pending", "Running") and not crashing
+        ready = status.phase == "Running" and not crashing and _is_ready(pod) and pod.metadata.deletion_timestamp is None
         reason = ""
         if LABEL_INSTANCE not in labels:
             reason = f"pod {pod.metadata.name} was not started by this controller (no {LABEL_INSTANCE} label)"
         elif pod.metadata.deletion_timestamp is not None:
             reason = "terminating"
-        elif not alive:
-            waiting = [c.state.waiting.reason for c in status.container_statuses or []
-                       if c.state and c.state.waiting and c.state.waiting.reason]
+        elif not ready and status.phase != "Running" or crashing:
             reason = f"pod {pod.metadata.name} is {status.phase}" + (f" ({', '.join(waiting)})" if waiting else "")
         elif not ready:
             reason = f"pod {pod.metadata.name} is Running, not Ready (GET /health does not answer 200 yet)"
-        holds = (self.holds_source(name) if self.holds_source else -1) if alive else 0
+        holds = (self.holds_source(name) if self.holds_source else -1) if ready else 0
         return ObservedInstance(name, labels.get(LABEL_ROLE, ""), int(labels.get(LABEL_REVISION, 0)), alive, ready,
                                 holds, reason)
 
@@ -222,7 +234,7 @@ class KubernetesExecutor:
         roles = {_labels(p)[LABEL_ROLE] for p in pods}
         mode = "colocated" if roles == {"colocated"} else "disaggregated"   # the gateway serves one mode
         text = fleet_document(self.fleet.name, mode, self.fleet.engines.mount_path, self.fleet.model_path,
-                              instances, traffic)
+                              instances, traffic, getattr(self, "routing", None))
         if text == self._published:
             return
         name = fleet_configmap_name(self.fleet.name)

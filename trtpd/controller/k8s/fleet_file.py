@@ -31,8 +31,8 @@ def fleet_instance(name: str, role: str, revision: int, pod_ip: str, port: int, 
 
 
 def fleet_document(name: str, mode: str, build_root: str, tokenizer_dir: str, instances: list[dict],
-                   traffic: dict | None) -> str:
+                   traffic: dict | None, routing: dict | None = None) -> str:
     fleet = {"name": name, "mode": mode, "build_root": build_root, "key_file": KEY_FILE,
              "tokenizer_dir": tokenizer_dir, "instances": instances, "gateway": None, "started_at": 0.0,
-             "traffic": traffic, "routing": None}
+             "traffic": traffic, "routing": routing}
     return json.dumps(fleet, indent=2, sort_keys=True) + "\n"

@@ -9,11 +9,11 @@ import urllib.error
 import urllib.request
 
 from trtpd.errors import TrtpdError
-from trtpd.kv.auth import derive_key
+from trtpd.kv.auth import gateway_admin_token
 
 
 def admin_token(kv_key: bytes) -> str:
-    return derive_key(kv_key, "gateway-admin").hex()
+    return gateway_admin_token(kv_key)
 
 
 class GatewayAdmin:
