@@ -117,6 +117,7 @@ def run_spec(args: argparse.Namespace) -> int:
     gw = up["gateway"]
     print(f"ready: {up['name']} revision {up['revision']} ({', '.join(up['instances'])})")
     print(f"  OpenAI API   http://{gw['host']}:{gw['port']}/v1   (gateway pid {gw['pid']}; /health, /metrics)")
-    print(f"  controller   running; `trtpd scale {up['name']} prefill=N decode=M`, `trtpd rollout SPEC.yaml`, "
+    scale = " ".join(f"{role}=N" for role in up["roles"])
+    print(f"  controller   running; `trtpd scale {up['name']} {scale}`, `trtpd rollout SPEC.yaml`, "
           f"`trtpd history {up['name']}`, `trtpd down --name {up['name']}`")
     return 0

@@ -112,7 +112,7 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
             pass
         raise
     fleet = load_fleet(name)
-    return {"name": name, "revision": revision, "gateway": fleet.gateway,
+    return {"name": name, "revision": revision, "gateway": fleet.gateway, "roles": list(spec.role_names),
             "instances": [i.name for i in fleet.instances]}
 
 
