@@ -1,10 +1,17 @@
-"""`trtpd simulate`: run a workload through a simulated deployment (a plan file, or explicit flags)."""
+"""`trtpd simulate`: run a workload through a simulated deployment (a plan file, or explicit flags).
+
+With --autoscale, the controller's autoscaler (trtpd.controller.autoscale) runs inside the simulation and is
+compared with the best fixed prefill/decode split under the same budget. The adapter between the two lives
+here: the planner imports the simulator, so trtpd.sim cannot import a core built on the planner's models;
+the simulator calls a plain Scaler callable and this module turns its metrics into a FleetObservation.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, replace
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from trtpd.cli import args as a
@@ -19,6 +26,10 @@ _CLUSTER_FLAGS = (
     ("--num-colocated", a.positive_int), ("--kv-capacity-tokens", a.positive_int),
     ("--kv-link-bytes-per-s", a.positive_float), ("--kv-link-latency-s", a.nonnegative_float),
     ("--bucket-timeout-s", a.nonnegative_float))
+# --autoscale's keys: AutoscalePolicy's fields, per-role ones flat (min_prefill, max_decode, cost_prefill, ...)
+POLICY_KEYS = ("budget", "min_prefill", "min_decode", "max_prefill", "max_decode", "cost_prefill", "cost_decode",
+               "cooldown_s", "scale_up_utilisation", "scale_down_utilisation", "mode", "interval_s", "window_s",
+               "queue_time_share")
 _DERIVED = {"kv_link_bytes_per_s": "from the hardware", "kv_capacity_tokens": "from the perf model",
             "prefill_kv_capacity_tokens": "--kv-capacity-tokens", "decode_kv_capacity_tokens": "--kv-capacity-tokens",
             "num_colocated": "as many TP-decode instances as the P/D pair's GPUs"}
@@ -45,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workload", default="chat-powerlaw", help="configs/workloads name or YAML path")
     p.add_argument("--slo", default="chat", help="SLO used for attainment and goodput")
     p.add_argument("--rate-per-s", type=a.positive_float, help="arrival rate (default: the plan's target)")
-    p.add_argument("--num-requests", type=a.positive_int, default=10000, help="requests to simulate")
+    p.add_argument("--num-requests", type=a.positive_int,
+                   help="requests to simulate (default: 10000; a phased workload: one whole pass)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the workload")
     p.add_argument("--mode", choices=("disaggregated", "colocated", "both"), default="both",
                    help="which deployments to simulate")
@@ -54,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", type=Path, help="also write the summaries as JSON here")
     p.add_argument("--no-early-stop", action="store_true",
                    help="simulate every request even when the queue grows without bound")
+    g = p.add_argument_group("autoscaling (disaggregated; compared with the best fixed split in the budget)")
+    g.add_argument("--autoscale", metavar="POLICY",
+                   help="run the autoscaler: a policy YAML, or inline key=value pairs separated by commas "
+                        f"(keys: {', '.join(POLICY_KEYS)}), or 'default'; the budget defaults to the "
+                        "cluster's GPUs, an instance's cost to its TP")
+    g.add_argument("--startup-s", type=a.nonnegative_float, default=30.0,
+                   help="an added instance takes requests this long after it starts")
     c = p.add_argument_group("explicit cluster (overrides the plan)")
     for flag, kind in _CLUSTER_FLAGS:
         c.add_argument(flag, type=kind, help=_cluster_default(flag))
@@ -96,6 +115,13 @@ def _line(label: str, s) -> str:
 def run(args: argparse.Namespace) -> int:
     if args.find_goodput:
         a.refuse_given(args, ("no_early_stop",), "--find-goodput always stops a run early once its queue grows")
+    if args.autoscale:
+        a.refuse_given(args, ("find_goodput", "no_early_stop"),
+                       "--autoscale compares fixed splits, each stopped early once its queue grows")
+        if args.mode != "disaggregated" and "mode" in a.given(args):
+            raise ConfigError(f"--mode {args.mode}: --autoscale scales a disaggregated deployment")
+    else:
+        a.refuse_given(args, ("startup_s",), "it applies to --autoscale only")
     from trtpd.catalog import resolve_model
     from trtpd.perf.hardware import load_hardware
     from trtpd.planner.inputs import load_slo
@@ -106,16 +132,21 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.sim.workload import generate_requests, load_workload
 
     opts, model_name, hardware_name, rate = _options(args)
-    if rate is None and not args.find_goodput:
+    workload, slo = load_workload(args.workload), load_slo(args.slo)
+    if rate is None and not args.find_goodput and not workload.phases:
         raise ConfigError("give --rate-per-s (or a --plan with a target rate, or --find-goodput)")
     model, hardware = resolve_model(model_name), load_hardware(hardware_name)
-    workload, slo = load_workload(args.workload), load_slo(args.slo)
+    num_requests = args.num_requests or (None if workload.phases else 10000)
+    if args.autoscale:
+        return _run_autoscaled(args, disaggregated_cluster(model, hardware, opts), opts,
+                               generate_requests(workload, rate, num_requests, args.seed), slo,
+                               f"{model.name} on {hardware.name}, workload {workload.name}")
     clusters = {}
     if args.mode in ("disaggregated", "both"):
         clusters["disaggregated"] = disaggregated_cluster(model, hardware, opts)
     if args.mode in ("colocated", "both"):
         clusters["colocated"] = colocated_cluster(model, hardware, opts)
-    print(f"simulate: {model.name} on {hardware.name}, workload {workload.name}, {args.num_requests} requests, "
+    print(f"simulate: {model.name} on {hardware.name}, workload {workload.name}, {num_requests or 'all'} requests, "
           f"SLO TTFT <= {slo.ttft_s * 1e3:.0f} ms, TPOT <= {slo.tpot_s * 1e3:.0f} ms for {slo.attainment:.0%}")
     num_colocated = opts.num_colocated or max(1, opts.num_gpus // opts.tp_decode)
     print(f"  disaggregated: {opts.num_prefill} prefill (TP{opts.tp_prefill}) + {opts.num_decode} decode "
@@ -126,13 +157,13 @@ def run(args: argparse.Namespace) -> int:
     for label, cluster in clusters.items():
         if args.find_goodput:
             g = max_goodput_rate_per_s(cluster, workload, slo.ttft_s, slo.tpot_s, slo.attainment,
-                                       num_requests=min(args.num_requests, 4000), seed=args.seed,
+                                       num_requests=min(num_requests or 4000, 4000), seed=args.seed,
                                        start_rate_per_s=rate or 1.0)
             print(f"{label:<14} goodput: {g.rate_per_s:.3g} requests/s ({g.rate_per_s / gpus[label]:.3g} per GPU) "
                   f"at {g.attainment:.1%} attainment, {len(g.probes)} simulations")
             out[f"{label}_goodput_per_s"] = g.rate_per_s
             continue
-        run_ = simulate(cluster, generate_requests(workload, rate, args.num_requests, args.seed),
+        run_ = simulate(cluster, generate_requests(workload, rate, num_requests, args.seed),
                         max_in_system=None if args.no_early_stop else default_max_in_system(cluster))
         summary = summarize(run_, slo.ttft_s, slo.tpot_s)
         print(_line(label, summary))
@@ -143,3 +174,199 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2))
     return 0
+
+
+# -- autoscaling: the controller's core inside the simulator ---------------------------------------------------
+def _run_autoscaled(args: argparse.Namespace, cluster, opts, requests, slo, what: str) -> int:
+    policy = load_policy(args.autoscale, {"prefill": opts.tp_prefill, "decode": opts.tp_decode}, opts.num_gpus)
+    print(f"simulate --autoscale: {what}, {len(requests)} requests over {requests.duration_s:.0f} s, "
+          f"SLO TTFT <= {slo.ttft_s * 1e3:.0f} ms, TPOT <= {slo.tpot_s * 1e3:.0f} ms")
+    print(f"  policy: budget {policy.budget} (cost per instance: {_roles(policy.cost_per_instance)}), "
+          f"min {_roles(policy.min_instances)}, max {_roles(policy.max_instances)}, utilisation up > "
+          f"{policy.scale_up_utilisation:.0%} / down < {policy.scale_down_utilisation:.0%}, cooldown "
+          f"{policy.cooldown_s:g} s, every {policy.interval_s:g} s over {policy.window_s:g} s, start-up "
+          f"{args.startup_s:g} s, mode {policy.mode}")
+    result = compare_autoscaled(cluster, requests, policy, slo, args.startup_s)
+    print(f"  fixed splits: {len(result.fixed)} of the {result.num_splits} within the budget simulated (the rest "
+          f"cannot beat them); the autoscaled run starts at the best, {result.best_fixed.label}")
+    print(timeline_text(result.decisions, policy.mode))
+    print(comparison_text(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        out = {"autoscaled": _split_json(result.autoscaled), "best_fixed": _split_json(result.best_fixed),
+               "fixed": [_split_json(r, summary=False) for r in result.fixed],
+               "decisions": [asdict(d) for d in result.decisions if d.changed]}
+        args.json.write_text(json.dumps(out, indent=2))
+    return 0
+
+
+def _split_json(r, summary: bool = True) -> dict:
+    out = {"split": r.label, "attainment": r.attainment, "instance_s": r.instance_s,
+           "stopped_overloaded": r.stopped_overloaded}
+    if summary:
+        out["summary"] = asdict(r.summary)
+    return out
+
+
+def _roles(values: dict) -> str:
+    return ", ".join(f"{role} {value}" for role, value in values.items())
+
+
+def load_policy(spec: str, cost_per_instance: dict[str, int], budget: int | None = None):
+    """--autoscale's value: a YAML file (AutoscalePolicy's fields, or the flat POLICY_KEYS), inline
+    `key=value,...`, or `default`. Defaults: cost = each role's TP (cost_per_instance), budget = `budget`
+    (the CLI passes the cluster's GPUs; else 10 instances' worth), min 1, max what the budget leaves after
+    the other role's minimum."""
+    from trtpd.controller.autoscale import AutoscalePolicy
+    from trtpd.perf.yaml_io import read_yaml
+
+    source = spec
+    if spec == "default":
+        data: dict = {}
+    elif "=" in spec and not Path(spec).is_file():
+        data, source = _inline(spec), "--autoscale"
+    else:
+        raw = read_yaml(Path(spec))
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{spec}: expected a mapping of policy fields, got {type(raw).__name__}")
+        data = _flatten(raw, spec)
+    unknown = sorted(set(data) - set(POLICY_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown policy key {', '.join(unknown)}; known: {', '.join(POLICY_KEYS)}")
+    roles = ("prefill", "decode")
+    try:
+        cost = {r: int(data.get(f"cost_{r}", cost_per_instance[r])) for r in roles}
+        total = int(data.get("budget", budget if budget is not None else 5 * (cost["prefill"] + cost["decode"])))
+        low = {r: int(data.get(f"min_{r}", 1)) for r in roles}
+        high = {r: int(data.get(f"max_{r}", (total - low[o] * cost[o]) // cost[r])) for r, o in zip(roles, roles[::-1])}
+        scalars = {k: (str(data[k]) if k == "mode" else float(data[k])) for k in
+                   ("cooldown_s", "scale_up_utilisation", "scale_down_utilisation", "mode", "interval_s",
+                    "window_s", "queue_time_share") if k in data}
+        return AutoscalePolicy(low, high, total, cost, **scalars)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _inline(spec: str) -> dict:
+    data = {}
+    for item in spec.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--autoscale {spec!r}: expected key=value pairs separated by commas, e.g. "
+                              f"budget=10,cooldown_s=60")
+        data[key.strip()] = value.strip()
+    return data
+
+
+def _flatten(raw: dict, source: str) -> dict:
+    """A YAML policy with AutoscalePolicy's nested role fields -> the flat keys."""
+    data = dict(raw)
+    for nested, flat in (("min_instances", "min"), ("max_instances", "max"), ("cost_per_instance", "cost")):
+        if nested in data:
+            value = data.pop(nested)
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: {nested} must map prefill and decode to integers")
+            data.update({f"{flat}_{role}": count for role, count in value.items()})
+    return data
+
+
+def role_perf(cluster) -> dict:
+    """The autoscaler's view of a simulated cluster's roles (trtpd.controller.autoscale.RolePerf)."""
+    from trtpd.controller.autoscale import RolePerf
+    from trtpd.perf.model import InstancePerf
+
+    p, d, link = cluster.prefill, cluster.decode, cluster.kv_link
+    bytes_per_token = link.kv_bytes_per_token if link else 0
+    return {"prefill": RolePerf(InstancePerf(p.perf, 1, p.kv_capacity_tokens, bytes_per_token),
+                                p.scheduler.max_batch_size, p.scheduler.max_num_tokens, p.scheduler.bucket_timeout_s,
+                                p.scheduler.min_batch_size),
+            "decode": RolePerf(InstancePerf(d.perf, 1, d.kv_capacity_tokens, bytes_per_token),
+                               d.scheduler.max_batch_size)}
+
+
+def fleet_observation(metrics, slo):
+    """What the simulator measured, as the autoscaler's input: TTFT judges prefill, ITL (TPOT) decode."""
+    from trtpd.controller.autoscale import FleetObservation, RoleObservation
+
+    roles = {}
+    for role, m in metrics.roles.items():
+        roles[role] = RoleObservation(role, m.num_ready + m.num_starting, m.waiting_requests, m.queue_time_p90_s,
+                                      metrics.ttft_p90_s if role == "prefill" else None,
+                                      metrics.tpot_p90_s if role == "decode" else None, m.busy_share,
+                                      m.num_draining)
+    return FleetObservation(metrics.now_s, metrics.arrival_rate_per_s, metrics.mean_input_tokens,
+                            metrics.mean_output_tokens, roles, slo.ttft_s, slo.tpot_s)
+
+
+class SimAutoscaler:
+    """A trtpd.sim.scaling.Scaler that asks the controller's Autoscaler; keeps every decision."""
+
+    def __init__(self, autoscaler, slo) -> None:
+        self.autoscaler = autoscaler
+        self.slo = slo
+        self.decisions: list = []
+
+    def __call__(self, metrics):
+        decision = self.autoscaler.decide(fleet_observation(metrics, self.slo))
+        self.decisions.append(decision)
+        return decision.counts if decision.applied else None
+
+
+@dataclass
+class AutoscaleComparison:
+    autoscaled: object                 # trtpd.sim.splits.SplitResult of the autoscaled run (its starting counts)
+    best_fixed: object                 # SplitResult
+    fixed: list = field(default_factory=list)        # the fixed splits simulated
+    num_splits: int = 0                               # the fixed splits within the budget
+    decisions: list = field(default_factory=list)    # trtpd.controller.autoscale.ScaleDecision, every call
+    run: object = None                 # the autoscaled SimRun
+
+
+def compare_autoscaled(cluster, requests, policy, slo, startup_s: float = 30.0, start=None,
+                       exhaustive: bool = False) -> AutoscaleComparison:
+    """The best fixed split within the policy's budget and limits, then the autoscaled run starting from
+    `start` (default: that best split, so an autoscaler that never acts scores exactly the best fixed one)."""
+    from trtpd.controller.autoscale import Autoscaler
+    from trtpd.sim.scaling import ScalingOptions
+    from trtpd.sim.simulator import default_max_in_system, simulate
+    from trtpd.sim.splits import best_split, measure, search_splits, splits_within, with_counts
+
+    splits = splits_within(policy.budget, policy.cost_per_instance, policy.min_instances, policy.max_instances)
+    fixed = search_splits(cluster, requests, splits, slo.ttft_s, slo.tpot_s, exhaustive)
+    best = best_split(fixed)
+    num_p, num_d = start or (best.num_prefill, best.num_decode)
+    scaler = SimAutoscaler(Autoscaler(policy, role_perf(cluster)), slo)
+    scaling = ScalingOptions(policy.interval_s, policy.window_s, startup_s)
+    biggest = with_counts(cluster, policy.max_instances["prefill"], policy.max_instances["decode"])
+    run = simulate(with_counts(cluster, num_p, num_d), requests, max_in_system=default_max_in_system(biggest),
+                   scaler=scaler, scaling=scaling)
+    return AutoscaleComparison(measure(run, num_p, num_d, slo.ttft_s, slo.tpot_s), best, fixed, len(splits),
+                               scaler.decisions, run)
+
+
+def timeline_text(decisions: list, mode: str) -> str:
+    changes = [d for d in decisions if d.changed]
+    note = "" if mode == "act" else " (observe mode: computed, not applied)"
+    lines = [f"  timeline{note}: {len(changes)} decisions changed a count, of {len(decisions)}"]
+    for d in changes:
+        before = {r: d.changed[r][0] if r in d.changed else n for r, n in d.counts.items()}
+        why = " | ".join(f"{r}: {d.reasons[r]}" for r in d.changed)
+        lines.append(f"  {d.now_s:8.1f} s  {_split_label(before)} -> {_split_label(d.counts):<8} {why}")
+    return "\n".join(lines)
+
+
+def _split_label(counts: dict) -> str:
+    return f"{counts.get('prefill', 0)}P{counts.get('decode', 0)}D"
+
+
+def comparison_text(result: AutoscaleComparison) -> str:
+    head = f"  {'':<22} {'attainment':>10} {'goodput/s':>10} {'instance-s':>11} {'TTFT P90':>10} {'TPOT P90':>10}"
+    rows = [head]
+    for label, r in ((f"autoscaled (from {result.autoscaled.label})", result.autoscaled),
+                     (f"best fixed {result.best_fixed.label}", result.best_fixed)):
+        s = r.summary
+        goodput = s.goodput_per_s if s.goodput_per_s is not None and math.isfinite(s.goodput_per_s) else 0.0
+        rows.append(f"  {label:<22} {r.attainment:>10.1%} {goodput:>10.2f} {r.instance_s:>11.0f} "
+                    f"{s.ttft_s.p90 * 1e3:>8.0f}ms {s.tpot_s.p90 * 1e3:>8.1f}ms"
+                    + (f"  ({s.num_unfinished} unfinished)" if s.num_unfinished else ""))
+    return "\n".join(rows)

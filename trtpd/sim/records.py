@@ -20,4 +20,6 @@ class RequestRecords:
         self.first_token_s = [math.nan] * n
         self.done_s = [math.nan] * n
         self.prefill_instance = [0] * n
+        self.decode_instance = [-1] * n           # the decode (or colocated) instance's index, once routed there
+        self.rejected = [False] * n               # refused on arrival (too long for every instance)
         self.num_done = 0

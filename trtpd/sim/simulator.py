@@ -4,19 +4,26 @@ Routing is the routing core's (trtpd.routing.core.Router), as in the gateway: th
 snapshot of the instances at the start (idle, all KV free) and from then on counts what it sent
 itself, told when a prefill answers (prefill_done) and when a request finishes (release), which is
 exactly each instance's load in the simulation.
+
+With a scaler (trtpd.sim.scaling), instance counts change during the run: every `interval_s` the
+simulator measures what a live controller would and applies the target counts the scaler answers;
+an added instance takes requests after `startup_s`, a removed one is drained first (trtpd.sim.fleet).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from trtpd.routing.core import InstanceView, Router, RoutingPolicy
+from trtpd.routing.core import Router, RoutingPolicy
 from trtpd.sim.cluster import ClusterSpec
 from trtpd.sim.colocated_instance import ColocatedInstance
 from trtpd.sim.decode_instance import DecodeInstance, KvLink
 from trtpd.sim.events import EventLoop
+from trtpd.sim.fleet import Fleet, blocks as _blocks
 from trtpd.sim.prefill_instance import PrefillInstance
 from trtpd.sim.records import RequestRecords
+from trtpd.sim.scaling import (FleetMetrics, InstanceLife, RoleMetrics, ScaleEvent, Scaler, ScalingOptions,
+                               window_latencies)
 from trtpd.sim.workload import RequestArrays
 
 
@@ -37,54 +44,50 @@ class SimRun:
     num_events: int
     num_rejected: int = 0      # prompts longer than the entry role accepts (the gateway refuses them)
     stopped_overloaded: bool = False   # stopped early: more requests in the system than max_in_system
+    instances: list[InstanceLife] = field(default_factory=list)   # every instance the run had
+    scale_events: list[ScaleEvent] = field(default_factory=list)  # count changes a scaler made
+    end_s: float = 0.0         # simulated time of the last event
+
+    def instance_seconds(self, role: str | None = None) -> float:
+        """Seconds instances held their devices (starting and draining included), summed."""
+        return sum(life.held_s(self.end_s) for life in self.instances if role in (None, life.role))
 
 
 class _Overloaded(Exception):
     pass
 
 
-def _blocks(kv_capacity_tokens: int, tokens_per_block: int) -> int:
-    return max(1, kv_capacity_tokens // tokens_per_block)
-
-
 class Simulator:
     def __init__(self, cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False,
-                 max_in_system: int | None = None) -> None:
+                 max_in_system: int | None = None, scaler: Scaler | None = None,
+                 scaling: ScalingOptions = ScalingOptions()) -> None:
         """max_in_system: stop once more requests than this are waiting or running (an overloaded
-        configuration's queue only grows; the requests not finished count as SLO misses)."""
+        configuration's queue only grows; the requests not finished count as SLO misses).
+        scaler: asked for target instance counts every scaling.interval_s (trtpd.sim.scaling)."""
         self.cluster = cluster
         self.max_in_system = max_in_system
         self.requests = requests
+        self.exact_steps = exact_steps
+        self.scaler = scaler
+        self.scaling = scaling
         self.loop = EventLoop()
         self.records = RequestRecords(requests)
-        self.prefills: list[PrefillInstance] = []
-        self.decodes: list[DecodeInstance] = []
-        self.colocated: list[ColocatedInstance] = []
         c, tpb = cluster, cluster.tokens_per_block
         assert c.decode is not None
+        self.router = Router(routing_policy(cluster))
+        self.fleet = Fleet(cluster, self.loop, self.router, self._make_instance)
+        self.prefills: list[PrefillInstance] = self.fleet.by_role["prefill"]
+        self.decodes: list[DecodeInstance] = self.fleet.by_role["decode"]
+        self.colocated: list[ColocatedInstance] = self.fleet.by_role["colocated"]
         if c.mode == "disaggregated":
             assert c.prefill is not None and c.kv_link is not None
-            self.prefills = [PrefillInstance(i, self.loop, c.prefill.perf, c.prefill.scheduler,
-                                             c.prefill.kv_capacity_tokens, self.records, self._on_prefilled)
-                             for i in range(c.prefill.num_instances)]
-            self.decodes = [DecodeInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
-                                           _blocks(c.decode.kv_capacity_tokens, tpb), tpb,
-                                           KvLink(c.kv_link.bytes_per_s, c.kv_link.latency_s),
-                                           c.kv_link.kv_bytes_per_token, self.records,
-                                           c.first_token_at == "decode", self._on_kv_pulled, exact_steps,
-                                           self._contention if c.decode_contention else None, self._on_finished)
-                            for i in range(c.decode.num_instances)]
-        else:
-            self.colocated = [ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
-                                                _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records,
-                                                exact_steps, self._on_colocated_prefilled, self._on_finished)
-                              for i in range(c.decode.num_instances)]
-        self.router = Router(routing_policy(cluster))
-        self.router.update(_views(cluster), 0.0)
+            for _ in range(c.prefill.num_instances):
+                self.fleet.create("prefill", 0.0, ready=True)
+        for _ in range(c.decode.num_instances):
+            self.fleet.create("decode" if c.mode == "disaggregated" else "colocated", 0.0, ready=True)
+        self.router.update(self.fleet.views(), 0.0)
         self._ids = [str(i) for i in range(len(requests))]
-        self._by_name = {**{f"prefill-{p.index}": p for p in self.prefills},
-                         **{f"decode-{d.index}": d for d in self.decodes},
-                         **{f"colocated-{d.index}": d for d in self.colocated}}
+        self._by_name = self.fleet.by_name
         if c.mode == "disaggregated":
             assert c.prefill is not None
             self._max_prompt_tokens = min(c.prefill.scheduler.max_num_tokens, c.prefill.kv_capacity_tokens)
@@ -93,6 +96,25 @@ class Simulator:
         self._max_seq_tokens = _blocks(c.decode.kv_capacity_tokens, tpb) * tpb
         self.num_rejected = 0
         self._first_token_at_prefill = cluster.first_token_at == "prefill"
+        self._busy_at_tick: dict[str, float] = {}
+
+    def _make_instance(self, role: str, i: int):
+        c, tpb = self.cluster, self.cluster.tokens_per_block
+        assert c.decode is not None
+        if role == "prefill":
+            assert c.prefill is not None
+            return PrefillInstance(i, self.loop, c.prefill.perf, c.prefill.scheduler, c.prefill.kv_capacity_tokens,
+                                   self.records, self._on_prefilled)
+        if role == "decode":
+            assert c.kv_link is not None
+            return DecodeInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
+                                  _blocks(c.decode.kv_capacity_tokens, tpb), tpb,
+                                  KvLink(c.kv_link.bytes_per_s, c.kv_link.latency_s), c.kv_link.kv_bytes_per_token,
+                                  self.records, c.first_token_at == "decode", self._on_kv_pulled, self.exact_steps,
+                                  self._contention if c.decode_contention else None, self._on_finished)
+        return ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
+                                 _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records, self.exact_steps,
+                                 self._on_colocated_prefilled, self._on_finished)
 
     # -- routing -----------------------------------------------------------------------------------
     def _on_arrival(self, now_s: float, index: int) -> None:
@@ -100,6 +122,7 @@ class Simulator:
         if r.input_tokens[index] > self._max_prompt_tokens or \
                 r.input_tokens[index] + r.output_tokens[index] > self._max_seq_tokens:
             self.num_rejected += 1      # never served: counts as unfinished and as an SLO miss
+            r.rejected[index] = True
             return
         if self.max_in_system is not None and index - self.num_rejected - r.num_done > self.max_in_system:
             raise _Overloaded
@@ -110,8 +133,12 @@ class Simulator:
             route = self.router.pick_prefill(request_id, r.input_tokens[index], now_s)
         if route is None:               # no instance serves this length (prefill buckets): refused
             self.num_rejected += 1
+            r.rejected[index] = True
             return
-        self._by_name[route.instance].add(now_s, index)
+        instance = self._by_name[route.instance]
+        if self.colocated:
+            r.decode_instance[index] = instance.index
+        instance.add(now_s, index)
 
     def _on_prefilled(self, now_s: float, index: int) -> None:
         r = self.records
@@ -122,24 +149,67 @@ class Simulator:
         route = self.router.pick_decode(request_id, r.input_tokens[index], r.output_tokens[index], now_s)
         if route is None:
             raise AssertionError(f"request {index}: no decode instance can hold it (checked on arrival)")
-        self._by_name[route.instance].add(now_s, index)
+        instance = self._by_name[route.instance]
+        r.decode_instance[index] = instance.index
+        instance.add(now_s, index)
 
     def _on_colocated_prefilled(self, index: int) -> None:
         self.router.prefill_done(self._ids[index])
 
     def _on_finished(self, index: int) -> None:
         self.router.release(self._ids[index])
+        if self.fleet.num_draining:
+            role = "colocated" if self.colocated else "decode"
+            self.fleet.remove_if_idle(f"{role}-{self.records.decode_instance[index]}")
 
     def _contention(self) -> float:
         """Slowdown factor of a decode step that starts now (shared cores: a prefill batch computing)."""
         return 1.0 + self.cluster.decode_contention if any(p.is_busy for p in self.prefills) else 1.0
 
     def _on_kv_pulled(self, now_s: float, index: int) -> None:
-        self.prefills[self.records.prefill_instance[index]].release_kv(now_s, self.records.input_tokens[index])
+        prefill = self.records.prefill_instance[index]
+        self.prefills[prefill].release_kv(now_s, self.records.input_tokens[index])
+        if self.fleet.num_draining:
+            self.fleet.remove_if_idle(f"prefill-{prefill}")
+
+    # -- scaling -----------------------------------------------------------------------------------
+    def _tick(self, now_s: float, _: object = None) -> None:
+        assert self.scaler is not None
+        targets = self.scaler(self._measure(now_s))
+        if targets:
+            self.fleet.apply(now_s, targets, self.scaling.startup_s)
+        next_s = now_s + self.scaling.interval_s
+        if next_s <= self.requests.arrival_s[-1]:
+            self.loop.push(next_s, self._tick)
+
+    def _measure(self, now_s: float) -> FleetMetrics:
+        """What a live controller would read from the fleet now (trtpd.sim.scaling.FleetMetrics); busy
+        shares are over the time since the previous call."""
+        first_s = self.requests.arrival_s[0] if len(self.requests) else 0.0
+        window_s = min(self.scaling.window_s, max(now_s - first_s, 1e-9))
+        w = window_latencies(self.records, now_s, window_s, self.cluster.response_latency_s)
+        roles = {}
+        for role in self.fleet.roles:
+            held = self.fleet.of_state(role, "ready") + self.fleet.of_state(role, "draining")
+            busy = 0.0
+            for life in held:
+                busy_s = self._by_name[life.name].busy_s
+                busy += busy_s - self._busy_at_tick.get(life.name, 0.0)
+                self._busy_at_tick[life.name] = busy_s
+            waiting = sum(_num_waiting(self._by_name[life.name]) for life in held)
+            queue_s = w.decode_queue_p90_s if role == "decode" else w.prefill_queue_p90_s
+            roles[role] = RoleMetrics(role, len(self.fleet.of_state(role, "ready")),
+                                      len(self.fleet.of_state(role, "starting")),
+                                      len(self.fleet.of_state(role, "draining")), waiting, queue_s,
+                                      min(1.0, busy / (self.scaling.interval_s * max(1, len(held)))))
+        return FleetMetrics(now_s, window_s, w.num_arrivals, w.mean_input_tokens, w.mean_output_tokens,
+                            w.ttft_p90_s, w.tpot_p90_s, roles)
 
     # -- run ---------------------------------------------------------------------------------------
     def run(self) -> SimRun:
         overloaded = False
+        if self.scaler is not None and len(self.requests):
+            self.loop.push(self.requests.arrival_s[0] + self.scaling.interval_s, self._tick)
         try:
             self.loop.run(self.requests.arrival_s, self._on_arrival)
         except _Overloaded:
@@ -155,7 +225,8 @@ class Simulator:
             r = self.records
             r.first_token_s = [t + delay for t in r.first_token_s]
             r.done_s = [t + delay for t in r.done_s]
-        return SimRun(self.records, usage, links, span, self.loop.num_events, self.num_rejected, overloaded)
+        return SimRun(self.records, usage, links, span, self.loop.num_events, self.num_rejected, overloaded,
+                      list(self.fleet.lives.values()), list(self.fleet.events), self.loop.now_s)
 
 
 def default_max_in_system(cluster: ClusterSpec) -> int:
@@ -171,22 +242,14 @@ def routing_policy(cluster: ClusterSpec) -> RoutingPolicy:
                          decode_load=cluster.decode_load)
 
 
-def _views(cluster: ClusterSpec) -> list[InstanceView]:
-    """The instances as idle snapshots. Prefill KV is counted in tokens here and the simulator refuses
-    too-long prompts itself, so prefill views leave max_kv_blocks unknown (0)."""
-    tpb, batch = cluster.tokens_per_block, cluster.decode
-    assert batch is not None
-    blocks = _blocks(batch.kv_capacity_tokens, tpb)
-    role = "decode" if cluster.mode == "disaggregated" else "colocated"
-    views = [InstanceView(f"{role}-{i}", role, free_kv_blocks=blocks, max_kv_blocks=blocks,
-                          max_batch_size=batch.scheduler.max_batch_size, tokens_per_block=tpb)
-             for i in range(batch.num_instances)]
-    if cluster.mode == "disaggregated" and cluster.prefill is not None:
-        views += [InstanceView(f"prefill-{i}", "prefill", max_batch_size=cluster.prefill.scheduler.max_batch_size,
-                               tokens_per_block=tpb) for i in range(cluster.prefill.num_instances)]
-    return views
+def _num_waiting(instance) -> int:
+    """Requests queued at an instance, not yet in a batch."""
+    if isinstance(instance, PrefillInstance):
+        return instance.scheduler.num_waiting
+    return len(instance.scheduler.waiting)
 
 
 def simulate(cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False,
-             max_in_system: int | None = None) -> SimRun:
-    return Simulator(cluster, requests, exact_steps, max_in_system).run()
+             max_in_system: int | None = None, scaler: Scaler | None = None,
+             scaling: ScalingOptions = ScalingOptions()) -> SimRun:
+    return Simulator(cluster, requests, exact_steps, max_in_system, scaler, scaling).run()
