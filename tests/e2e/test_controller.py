@@ -291,3 +291,31 @@ def test_a_restarted_controller_resumes_and_heals(deployment):
     assert ready.detail["role"] == "decode" and ready.detail["instance"] != victim.name
     assert counts("resume") == {"prefill": 1, "decode": 1}   # nothing started twice
     assert complete(c, PROMPTS[1])
+
+
+def test_the_autoscaler_acts_on_live_metrics(deployment):
+    # a TTFT SLO no prefill instance can meet: the autoscaler adds one (up to max), under load, losing nothing
+    deployment("auto", slo="{ttft_s: 0.005, itl_s: 0.5, tpot_s: 0.5, attainment: 0.9}",
+               rollout="{drain_timeout_s: 20}")
+    spec_path = next(p for p in Path(os.environ["TRTPD_HOME"]).parent.glob("**/auto.yaml"))
+    spec_path.write_text(spec_path.read_text() + "autoscaling: {enabled: true, mode: act, interval_s: 1, "
+                         "cooldown_s: 0, min: {prefill: 1, decode: 1}, max: {prefill: 2, decode: 1}, budget_cpus: 3}\n")
+    from trtpd.controller.spec import load_spec
+    from trtpd.controller.store import actor
+    store = open_store("auto")   # apply it as revision 2 (an in-place change: no instance restarts)
+    new = load_spec(spec_path)
+    n = store.add_revision(new.to_yaml(), new.spec_json(), str(spec_path), actor())
+    assert trtpd(["history", "auto"]) == 0
+    from trtpd.controller.client import submit_and_wait
+    assert submit_and_wait("auto", "rollout", {"revision": n})["in_place"]
+    c = client("auto")
+    with Load(c, threads=2) as load:
+        decision = wait_audit("auto", lambda e: e.action == "autoscale", 60, "an autoscaler decision")
+        wait_for_count = time.monotonic() + 30
+        while counts("auto").get("prefill") != 2 and time.monotonic() < wait_for_count:
+            time.sleep(0.2)
+        time.sleep(1.0)
+    assert decision.detail["changed"]["prefill"] == [1, 2], decision.detail
+    assert "up to 2" in decision.detail["reasons"]["prefill"]   # the model (a 5 ms TTFT is out of reach) and the queue
+    assert counts("auto") == {"prefill": 2, "decode": 1}
+    assert load.errors == [] and len(load.results) > 5

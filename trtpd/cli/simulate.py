@@ -271,17 +271,9 @@ def _flatten(raw: dict, source: str) -> dict:
 
 
 def role_perf(cluster) -> dict:
-    """The autoscaler's view of a simulated cluster's roles (trtpd.controller.autoscale.RolePerf)."""
-    from trtpd.controller.autoscale import RolePerf
-    from trtpd.perf.model import InstancePerf
-
-    p, d, link = cluster.prefill, cluster.decode, cluster.kv_link
-    bytes_per_token = link.kv_bytes_per_token if link else 0
-    return {"prefill": RolePerf(InstancePerf(p.perf, 1, p.kv_capacity_tokens, bytes_per_token),
-                                p.scheduler.max_batch_size, p.scheduler.max_num_tokens, p.scheduler.bucket_timeout_s,
-                                p.scheduler.min_batch_size),
-            "decode": RolePerf(InstancePerf(d.perf, 1, d.kv_capacity_tokens, bytes_per_token),
-                               d.scheduler.max_batch_size)}
+    """The autoscaler's view of a simulated cluster's roles (one definition, shared with the live controller)."""
+    from trtpd.controller.autoscaling import role_perf as perf
+    return perf(cluster)
 
 
 def fleet_observation(metrics, slo):

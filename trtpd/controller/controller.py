@@ -28,12 +28,20 @@ ACTIVE = ("starting", "ready", "draining", "failed")
 
 class Controller:
     def __init__(self, store: ControllerStore, executor: Executor, *, clock: Callable[[], float] = time.time,
-                 samples: Callable[[float], list[dict]] | None = None) -> None:
+                 samples: Callable[[float], list[dict]] | None = None, health: Callable[[], dict | None] | None = None,
+                 autoscaler_for: Callable[[DeploymentSpec], object] | None = None) -> None:
+        """samples(since_s): the gateway's finished requests since then; health(): its /health body;
+        autoscaler_for(spec): the Autoscaler for a revision (default: the planner's models of its engines)."""
         self.store = store
         self.executor = executor
         self.clock = clock
         self.samples = samples or (lambda since_s: [])
+        self.health = health or (lambda: None)
+        self.autoscaler_for = autoscaler_for
         self._specs: dict[int, DeploymentSpec] = {}
+        self._autoscaler: tuple[int, object] | None = None   # (revision, Autoscaler)
+        self._autoscaled_s = float("-inf")
+        self._observed: dict | None = None   # the last observe-mode decision recorded
 
     # ---- revisions ----------------------------------------------------------------------------
     def spec(self, revision: int) -> DeploymentSpec:
@@ -88,6 +96,10 @@ class Controller:
                 table = self._finish_rollout(rollout, table)
             self.store.put("rollout", rollout.to_dict())
         else:
+            if spec.autoscaling.enabled and now - self._autoscaled_s >= spec.autoscaling.interval_s \
+                    and converged(self.store):   # decide from a fleet at its counts, not one still starting
+                self._autoscaled_s = now
+                self._autoscale(spec, stable, table, now)
             want = {(role, stable): n for role, n in self.store.get("counts", spec.counts()).items()}
         indices = next_indices(self.store.instances(), self.store.get("next_index", {}))
         result = reconcile(want, table, observed, now, indices, reconcile_policy)
@@ -99,6 +111,35 @@ class Controller:
         for action in result.actions:
             self._execute(action, now)
         return result.actions
+
+    def _autoscale(self, spec: DeploymentSpec, stable: int, table: list[InstanceRow], now: float) -> None:
+        """One autoscaler decision from the fleet's last window; applied (act) or recorded only (observe)."""
+        from trtpd.controller.autoscaling import live_autoscaler, observe
+
+        if self._autoscaler is None or self._autoscaler[0] != stable:
+            self._autoscaler = (stable, (self.autoscaler_for or live_autoscaler)(spec))
+        autoscaler = self._autoscaler[1]
+        window = autoscaler.policy.window_s
+        obs = observe(now, window, self.samples(now - window), self.health(), table, spec.slo.ttft_s,
+                      spec.slo.itl_s, spec.slo.attainment)
+        decision = autoscaler.decide(obs)
+        if not decision.changed:
+            return
+        seen = {"rate_per_s": round(obs.arrival_rate_per_s, 3), "mean_input_tokens": round(obs.mean_input_tokens, 1),
+                "mean_output_tokens": round(obs.mean_output_tokens, 1),
+                "ttft_p_s": obs.roles["prefill"].ttft_p90_s, "itl_p_s": obs.roles["decode"].itl_p90_s,
+                "waiting": {r: o.waiting_requests for r, o in obs.roles.items()}}
+        detail = {"counts": decision.counts, "changed": {r: list(v) for r, v in decision.changed.items()},
+                  "reasons": decision.reasons, "needed": {r: round(v, 3) for r, v in decision.needed.items()},
+                  "observed": seen, "mode": autoscaler.policy.mode}
+        if not decision.applied:   # observe mode: what it would do, once per distinct decision
+            if self._observed != decision.counts:
+                self._observed = decision.counts
+                self.store.audit(ACTOR, "autoscale_observed", stable, detail)
+            return
+        counts = {**self.store.get("counts", spec.counts()), **decision.counts}
+        self.store.put("counts", counts)
+        self.store.audit(ACTOR, "autoscale", stable, detail)
 
     def _execute(self, action: Action, now: float) -> None:
         try:

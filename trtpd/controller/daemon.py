@@ -37,7 +37,7 @@ def controller_alive(store: ControllerStore) -> dict | None:
 def new_controller(store: ControllerStore, name: str, mode: str) -> Controller:
     from trtpd.controller.local import LocalExecutor
     executor = LocalExecutor(name, mode)
-    return Controller(store, executor, samples=executor.samples)
+    return Controller(store, executor, samples=executor.samples, health=executor.gateway_health)
 
 
 def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, progress=print) -> dict:

@@ -294,7 +294,7 @@ class _Generation:
             error_kind = "internal"
             raise
         finally:
-            self.service.sample(self.timing, revision, error_kind, where)
+            self.service.sample(self.timing, revision, error_kind, where, len(self.prompt_ids), self.perf)
             await generation.aclose()   # cancels the instance's stream if we stop early (stop string, disconnect)
             self.ticket.release()
 

@@ -240,12 +240,18 @@ class FleetService:
         return Ticket(self)
 
     # ---- per-request metrics -----------------------------------------------------------------
-    def sample(self, timing: RequestTiming, revision: int, error_kind: str | None, instances: tuple[str, str]) -> None:
-        """One finished request for the controller's gate (wall-clock time, so the controller can window it)."""
+    def sample(self, timing: RequestTiming, revision: int, error_kind: str | None, instances: tuple[str, str],
+               num_prompt_tokens: int = 0, perf: dict[str, float] | None = None) -> None:
+        """One finished request for the controller's gate and autoscaler (wall-clock time, so the controller can
+        window it)."""
         gaps = sorted(timing.gaps_s)
+        perf = perf or {}
         self.samples.append({
             "t": time.time(), "revision": revision, "ok": error_kind is None, "error_kind": error_kind,
             "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s, "num_tokens": len(timing.token_times_s),
+            "num_prompt_tokens": num_prompt_tokens,
+            "prefill_queue_s": perf["prefill_queue_ms"] / 1000 if "prefill_queue_ms" in perf else None,
+            "decode_queue_s": perf["decode_queue_ms"] / 1000 if "decode_queue_ms" in perf else None,
             "itl_p50_s": gaps[len(gaps) // 2] if gaps else None,
             "itl_p90_s": gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))] if gaps else None,
             "itl_max_s": gaps[-1] if gaps else None,
