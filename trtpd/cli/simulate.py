@@ -24,6 +24,7 @@ _CLUSTER_FLAGS = (
     ("--decode-kv-capacity-tokens", a.positive_int), ("--prefill-max-num-tokens", a.positive_int),
     ("--prefill-max-batch-size", a.positive_int), ("--decode-max-batch-size", a.positive_int),
     ("--num-colocated", a.positive_int), ("--kv-capacity-tokens", a.positive_int),
+    ("--colocated-max-num-tokens", a.positive_int), ("--colocated-max-batch-size", a.positive_int),
     ("--kv-link-bytes-per-s", a.positive_float), ("--kv-link-latency-s", a.nonnegative_float),
     ("--bucket-timeout-s", a.nonnegative_float))
 # --autoscale's keys: AutoscalePolicy's fields, per-role ones flat (min_prefill, max_decode, cost_prefill, ...)
@@ -32,7 +33,9 @@ POLICY_KEYS = ("budget", "min_prefill", "min_decode", "max_prefill", "max_decode
                "queue_time_share")
 _DERIVED = {"kv_link_bytes_per_s": "from the hardware", "kv_capacity_tokens": "from the perf model",
             "prefill_kv_capacity_tokens": "--kv-capacity-tokens", "decode_kv_capacity_tokens": "--kv-capacity-tokens",
-            "num_colocated": "as many TP-decode instances as the P/D pair's GPUs"}
+            "num_colocated": "as many TP-decode instances as the P/D pair's GPUs",
+            "colocated_max_num_tokens": "--prefill-max-num-tokens + the batch (chunked: the step's token budget)",
+            "colocated_max_batch_size": "--decode-max-batch-size"}
 
 
 def _cluster_default(flag: str) -> str:
@@ -77,7 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for flag, kind in _CLUSTER_FLAGS:
         c.add_argument(flag, type=kind, help=_cluster_default(flag))
     for flag, choices in (("--weight-dtype", ("fp32", "fp16", "bf16", "fp8")), ("--kv-dtype", ("fp16", "bf16", "fp8")),
-                          ("--kv-link", ("network", "nvlink")), ("--first-token-at", ("prefill", "decode"))):
+                          ("--kv-link", ("network", "nvlink")), ("--first-token-at", ("prefill", "decode")),
+                          ("--colocated-policy", ("inflight", "chunked", "prefill_first"))):
         c.add_argument(flag, choices=choices, help=_cluster_default(flag))
     p.set_defaults(func=run)
 

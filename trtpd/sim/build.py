@@ -100,7 +100,9 @@ def colocated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Cluster
     num = opts.num_colocated or max(1, opts.num_gpus // opts.tp_decode)
     batch = opts.colocated_max_batch_size or opts.decode_max_batch_size
     # room for the longest prompt next to a full decode batch (else a long prompt waits for an empty batch)
+    # (chunked: the step's token budget, decode rows included)
     num_tokens = opts.colocated_max_num_tokens or opts.prefill_max_num_tokens + batch
     sched = BatchSchedulerConfig(max_batch_size=batch, max_num_tokens=max(num_tokens, batch), prefill_in_step=True)
     return ClusterSpec(mode="colocated", decode=BatchRole(num, inst.perf, inst.kv_capacity_tokens, sched),
-                       tokens_per_block=opts.tokens_per_block, response_latency_s=inst.response_latency_s)
+                       tokens_per_block=opts.tokens_per_block, response_latency_s=inst.response_latency_s,
+                       colocated_policy=opts.colocated_policy)

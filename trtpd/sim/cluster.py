@@ -50,6 +50,9 @@ class ClusterSpec:
     decode_load: Literal["sequences", "free_kv_blocks"] = "sequences"
     response_latency_s: float = 0.0   # the serving path delays every response by this (measured)
     decode_contention: float = 0.0    # decode steps run this much slower while a prefill batch computes
+    # colocated step policy (trtpd.sim.colocated_instance): inflight (whole prompts join decode steps),
+    # chunked (a token budget per step, decode first, then prompt chunks), prefill_first (vLLM 0.2)
+    colocated_policy: Literal["inflight", "chunked", "prefill_first"] = "inflight"
 
     def __post_init__(self) -> None:
         if self.decode is None:

@@ -1,16 +1,25 @@
-"""A simulated colocated instance: one engine prefills new prompts inside its decode steps.
+"""A simulated colocated instance: one engine runs both phases, under one of three step policies.
 
-The same ContinuousBatchScheduler as decode, with prefill_in_step=True: at each step boundary it
-admits waiting prompts within the step's token budget, and the step's latency covers both the
-prompts and the running sequences' decode. That is where prefills interfere with decode: every
-running sequence waits for the longer mixed step (the effect disaggregation removes).
+- `inflight`: TensorRT-LLM in-flight batching without chunked context. At each step boundary waiting
+  prompts join whole, within the step's token budget (max_num_tokens, decode rows counted first); the
+  step covers the prompts and the running sequences' decode, so every running sequence waits for the
+  longer mixed step.
+- `chunked`: TensorRT-LLM in-flight batching with chunked context (enable_chunked_context). Each step
+  has a token budget (max_num_tokens): one token for every decoding sequence first, then prompt
+  chunks, oldest prompt first, up to the budget. A prompt longer than what is left continues in the
+  next step; its first token comes out with its last chunk. A chunk of c tokens after k computed ones
+  costs attention as c^2 + 2ck squared tokens (the causal rows it adds).
+- `prefill_first`: vLLM 0.2's scheduler (DistServe's baseline). When a waiting prompt can be
+  admitted, the next step is a prefill-only step over the waiting prompts (whole, up to
+  max_num_tokens) and every running sequence pauses for it; otherwise a decode step.
 """
 
 from __future__ import annotations
 
 import heapq
-
-from typing import Callable
+from collections import deque
+from dataclasses import replace
+from typing import Callable, Literal
 
 from trtpd.perf.model import PerfModel
 from trtpd.sched.block_allocator import BlockAllocator
@@ -19,6 +28,9 @@ from trtpd.sim.events import EventLoop
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
 from trtpd.sim.stepping import SteppingInstance
+
+ColocatedPolicy = Literal["inflight", "chunked", "prefill_first"]
+COLOCATED_POLICIES: tuple[str, ...] = ("inflight", "chunked", "prefill_first")
 
 
 def mixed_step_s(perf: PerfModel, prefill_tokens: int, sum_sq_tokens: int, batch_size: int,
@@ -36,28 +48,43 @@ class ColocatedInstance(SteppingInstance):
     def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: BatchSchedulerConfig,
                  num_blocks: int, tokens_per_block: int, records: RequestRecords,
                  exact_steps: bool = False, on_prefilled: Callable[[int], None] | None = None,
-                 on_finished: Callable[[int], None] | None = None) -> None:
+                 on_finished: Callable[[int], None] | None = None, policy: ColocatedPolicy = "inflight") -> None:
         if not config.prefill_in_step:
             raise ValueError("a colocated instance needs BatchSchedulerConfig(prefill_in_step=True)")
+        if policy not in COLOCATED_POLICIES:
+            raise ValueError(f"colocated policy {policy!r}: use one of {', '.join(COLOCATED_POLICIES)}")
         self.index = index
         self.loop = loop
         self.perf = perf
+        self.policy = policy
+        self.token_budget = config.max_num_tokens
         allocator = BlockAllocator(num_blocks, tokens_per_block)
-        self.scheduler = ContinuousBatchScheduler(config, allocator)
+        # chunked: admission is bounded by batch slots and KV only; the instance splits prompts into chunks
+        sched_config = replace(config, prefill_in_step=False) if policy == "chunked" else config
+        self.scheduler = ContinuousBatchScheduler(sched_config, allocator)
         self.exact_steps = exact_steps
         self.records = records
         self.on_prefilled = on_prefilled   # (request index): its prompt left the queue (the router is told)
         self.on_finished = on_finished     # (request index): the router releases the request
         self.is_stepping = False
-        self.num_steps = 0
+        self.num_steps = 0                 # decode steps (a prefill-only step is not one)
         self.num_ready = 0
         self.total_context_tokens = 0
-        self.prefilling: tuple[SimSequence, ...] = ()
+        self.prefilling: tuple[SimSequence, ...] = ()      # prompts whose (last) chunk this step computes
+        self.chunking: deque[SimSequence] = deque()        # chunked: admitted, prompt not fully computed
+        self.num_computed: dict[int, int] = {}             # chunked: prompt tokens computed, by request
+        self.step_chunks: list[tuple[SimSequence, int]] = []
+        self.is_prefill_only = False
         self.finishing: list[tuple[int, int, SimSequence]] = []
         self.num_assigned = 0
         self.queued_tokens = 0
         self.busy_s = 0.0
         self.sum_batch_steps = 0
+
+    @property
+    def max_prompt_tokens(self) -> int | None:
+        """The longest prompt a step can take (None: any, chunked prompts span steps)."""
+        return None if self.policy == "chunked" else self.token_budget
 
     def add(self, now_s: float, index: int) -> None:
         records = self.records
@@ -68,34 +95,115 @@ class ColocatedInstance(SteppingInstance):
         if not self.is_stepping:
             self._start_step(now_s)
 
+    # -- step starts -------------------------------------------------------------------------------
     def _start_step(self, now_s: float) -> None:
-        admitted: tuple[SimSequence, ...] = ()
+        if self.policy == "chunked":
+            self._start_chunked_step(now_s)
+        elif self.policy == "prefill_first" and self.scheduler.can_admit_next():
+            self._start_prefill_only_step(now_s)
+        else:
+            self._start_mixed_step(now_s)
+
+    def _admit(self, num_decode_rows: int) -> tuple[SimSequence, ...]:
         if self.exact_steps:
             plan = self.scheduler.schedule()
-            admitted = plan.admitted
             if len(plan.decode) != self.num_ready:
                 raise AssertionError(f"colocated {self.index}: scheduler batch {len(plan.decode)} != {self.num_ready}")
-        elif self.scheduler.waiting:
-            admitted = self.scheduler.admit(num_decode_rows=self.num_ready)
+            return plan.admitted  # type: ignore[return-value]
+        if self.scheduler.waiting:
+            return self.scheduler.admit(num_decode_rows=num_decode_rows)  # type: ignore[return-value]
+        return ()
+
+    def _start_mixed_step(self, now_s: float) -> None:
+        """inflight (and prefill_first's decode steps, which admit nothing): whole prompts join the step."""
+        admitted = self._admit(self.num_ready) if self.policy == "inflight" else self._decode_only_plan()
         prefill_tokens = sum_sq = 0
-        if admitted:
-            prefill_start = self.records.prefill_start_s
-            for seq in admitted:
-                n = seq.num_prompt_tokens
-                prefill_tokens += n
-                sum_sq += n * n
-                prefill_start[seq.request_id] = now_s
+        prefill_start = self.records.prefill_start_s
+        for seq in admitted:
+            n = seq.num_prompt_tokens
+            prefill_tokens += n
+            sum_sq += n * n
+            prefill_start[seq.request_id] = now_s
         self.prefilling = admitted
+        self.is_prefill_only = False
         if not admitted and not self.num_ready:
             self.is_stepping = False
             return
         duration_s = mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
         self._begin_step(now_s, duration_s)
 
+    def _decode_only_plan(self) -> tuple[SimSequence, ...]:
+        if self.exact_steps and self.num_ready:
+            plan = self.scheduler.schedule()     # nothing admissible (checked): decode rows grow only
+            assert not plan.admitted
+        return ()
+
+    def _start_prefill_only_step(self, now_s: float) -> None:
+        admitted: tuple[SimSequence, ...] = self.scheduler.admit(num_decode_rows=0)  # type: ignore[assignment]
+        if not admitted:   # the head prompt does not fit the token budget alone (refused on arrival)
+            self._start_mixed_step(now_s)
+            return
+        prefill_tokens = sum_sq = 0
+        for seq in admitted:
+            n = seq.num_prompt_tokens
+            prefill_tokens += n
+            sum_sq += n * n
+            self.records.prefill_start_s[seq.request_id] = now_s
+        self.prefilling = admitted
+        self.is_prefill_only = True
+        duration_s = self.perf.prefill_s(prefill_tokens, sum_sq)
+        self.busy_s += duration_s
+        self.is_stepping = True
+        self.loop.push(now_s + duration_s, self._step_done)
+
+    def _start_chunked_step(self, now_s: float) -> None:
+        for seq in self._admit(self.num_ready):
+            self.chunking.append(seq)
+            self.num_computed[seq.request_id] = 0
+        budget = self.token_budget - self.num_ready
+        chunks: list[tuple[SimSequence, int]] = []
+        prefill_tokens = sum_sq = 0
+        for seq in self.chunking:
+            if budget <= 0:
+                break
+            done = self.num_computed[seq.request_id]
+            c = min(seq.num_prompt_tokens - done, budget)
+            if done == 0:
+                self.records.prefill_start_s[seq.request_id] = now_s
+            chunks.append((seq, c))
+            prefill_tokens += c
+            sum_sq += c * c + 2 * c * done
+            budget -= c
+        self.step_chunks = chunks
+        self.is_prefill_only = False
+        if not chunks and not self.num_ready:
+            self.is_stepping = False
+            return
+        duration_s = mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
+        self._begin_step(now_s, duration_s)
+
+    # -- step ends ---------------------------------------------------------------------------------
     def _step_done(self, now_s: float, _: object = None) -> None:
-        self._end_step(now_s)
+        if not self.is_prefill_only:
+            self._end_step(now_s)
+        if self.policy == "chunked":
+            finished = []
+            for seq, c in self.step_chunks:
+                i = seq.request_id
+                self.num_computed[i] += c
+                if self.num_computed[i] == seq.num_prompt_tokens:
+                    del self.num_computed[i]
+                    finished.append(seq)
+            for _seq in finished:
+                self.chunking.popleft()     # chunks go oldest first: the finished ones lead the queue
+            self.step_chunks = []
+            self.prefilling = tuple(finished)
+        self._prompts_done(now_s)
+        self._start_step(now_s)
+
+    def _prompts_done(self, now_s: float) -> None:
         records = self.records
-        for seq in self.prefilling:       # prompts prefilled in this step: first token out now
+        for seq in self.prefilling:       # prompts completed in this step: first token out now
             i = seq.request_id
             records.prefill_end_s[i] = now_s
             records.first_token_s[i] = now_s
@@ -112,7 +220,6 @@ class ColocatedInstance(SteppingInstance):
             self.num_ready += 1
             heapq.heappush(self.finishing, (seq.last_step, i, seq))
         self.prefilling = ()
-        self._start_step(now_s)
 
     def _finish(self, now_s: float, seq: SimSequence) -> None:
         self.records.done_s[seq.request_id] = now_s

@@ -29,6 +29,7 @@ class ClusterOptions:
     colocated_max_num_tokens: int | None = None  # default: prefill_max_num_tokens
     tokens_per_block: int = 32
     first_token_at: Literal["prefill", "decode"] = "decode"
+    colocated_policy: Literal["inflight", "chunked", "prefill_first"] = "inflight"
     num_colocated: int | None = None             # default: as many TP-decode instances as the P/D pair's GPUs
 
     @property

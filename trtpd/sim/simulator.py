@@ -91,6 +91,8 @@ class Simulator:
         if c.mode == "disaggregated":
             assert c.prefill is not None
             self._max_prompt_tokens = min(c.prefill.scheduler.max_num_tokens, c.prefill.kv_capacity_tokens)
+        elif c.colocated_policy == "chunked":
+            self._max_prompt_tokens = c.decode.kv_capacity_tokens    # prompts span steps; KV binds
         else:
             self._max_prompt_tokens = c.decode.scheduler.max_num_tokens
         self._max_seq_tokens = _blocks(c.decode.kv_capacity_tokens, tpb) * tpb
@@ -114,7 +116,7 @@ class Simulator:
                                   self._contention if c.decode_contention else None, self._on_finished)
         return ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
                                  _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records, self.exact_steps,
-                                 self._on_colocated_prefilled, self._on_finished)
+                                 self._on_colocated_prefilled, self._on_finished, c.colocated_policy)
 
     # -- routing -----------------------------------------------------------------------------------
     def _on_arrival(self, now_s: float, index: int) -> None:
