@@ -13,6 +13,7 @@ SEED004_DEFAULTS = {"input_tokens": 6144, "output_tokens": 512, "tp_prefill_max"
 SEED004_ONLY = ("tp_prefill_max", "overhead_s", "tp_prefill_tokens_per_s", "decode_batch", "decode_tpot_s")
 SEARCH_ONLY = ("model", "hardware", "workload", "tpot_s", "attainment", "rate_per_s", "max_gpus", "tp_prefill",
                "tp_decode", "weight_dtype", "kv_dtype", "kv_link", "first_token_at", "no_verify", "verify_requests",
+               "no_colocated",
                "seed", "output", "yaml")
 
 
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="decode: the client's first token leaves the decode instance (Triton BLS); "
                         "prefill: it leaves the prefill instance")
     p.add_argument("--no-verify", action="store_true", help="skip the simulator check")
+    p.add_argument("--no-colocated", action="store_true",
+                   help="skip the colocated search (by default the best colocated configuration is simulated "
+                        "beside the disaggregated one and the better one recommended)")
     p.add_argument("--verify-requests", type=a.positive_int, default=6000, help="requests per verification run")
     p.add_argument("--seed", type=int, default=0, help="random seed of the verification run")
     p.add_argument("-o", "--output", type=Path, help="write the plan YAML here")
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     problem = PlanProblem(resolve_model(args.model), load_hardware(args.hardware), _workload(args),
                           _slo(args), target, space)
     plan = make_plan(problem, VerifyOptions(enabled=not args.no_verify, num_requests=args.verify_requests,
-                                            seed=args.seed))
+                                            seed=args.seed, compare_colocated=not args.no_colocated))
     print(plan.to_yaml() if args.yaml else plan_text(plan))
     if args.output:
         plan.save(args.output)

@@ -6,8 +6,9 @@ from dataclasses import dataclass, replace
 
 from trtpd.errors import ConfigError
 from trtpd.planner import seed004
-from trtpd.schema.plan import (DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan, TargetSummary,
-                               Verification, WorkloadSummary)
+from trtpd.planner import compare
+from trtpd.schema.plan import (ColocatedPlan, Comparison, DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan,
+                               SideSummary, TargetSummary, Verification, WorkloadSummary)
 from trtpd.planner.search import Choice, PlanProblem, Planner, SearchResult, plan_search
 from trtpd.planner.verify import Verdict, verify
 from trtpd.sim.workload import generate_requests
@@ -20,6 +21,8 @@ class VerifyOptions:
     seed: int = 0
     try_fewer: bool = True
     max_simulations: int = 5
+    compare_colocated: bool = True     # also search colocated configurations and recommend one side
+    compare_requests: int = 2000       # requests per simulation of a goodput search
 
 
 def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
@@ -34,7 +37,52 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
             if problem.target is None:   # a budget: keep its GPUs, confirm the rate
                 options = replace(options, try_fewer=False)
             choice, verdict = _verified(problem, result, choice, rate, options)
-    return _to_plan(problem, result, choice, verdict)
+    plan = _to_plan(problem, result, choice, verdict)
+    if options.enabled and options.compare_colocated and planner.decodes:
+        _add_comparison(plan, problem, result, choice, options)
+    return plan
+
+
+def _add_comparison(plan: Plan, problem: PlanProblem, result: SearchResult, choice: Choice | None,
+                    options: VerifyOptions) -> None:
+    """The best colocated configuration beside the disaggregated one, both simulated the same way."""
+    planner = result.planner
+    assert planner is not None
+    rate = result.rate_per_s if problem.target is not None else None
+    goodput = compare.Goodput(problem, options.compare_requests, options.seed)
+    disagg = compare.disaggregated_side(planner, choice, goodput, rate) if choice is not None else None
+    budget = problem.space.max_gpus
+    if rate is None and budget is None:
+        return
+    coloc = compare.colocated_side(planner, goodput, rate, budget)
+    answer = compare.decide(disagg, coloc, rate)
+    out_tokens = result.stats.output.mean
+    plan.comparison = Comparison(recommended=answer.recommended, ratio_per_gpu=min(answer.ratio_per_gpu, 1e9),
+                                 reasons=answer.reasons,
+                                 disaggregated=_side_summary(disagg, out_tokens) if disagg else None,
+                                 colocated=_side_summary(coloc, out_tokens) if coloc else None)
+    if coloc is not None and coloc.colocated is not None:
+        c = coloc.colocated
+        plan.colocated = ColocatedPlan(num_instances=coloc.num_instances["colocated"], tp=c.tp, policy=c.policy,
+                                       max_batch_size=c.max_batch_size, max_num_tokens=c.max_num_tokens,
+                                       max_input_len=result.max_input_len, max_seq_len=result.max_seq_len,
+                                       kv_capacity_tokens=c.inst.kv_capacity_tokens, perf_source=c.inst.source)
+    if answer.recommended == "colocated" and coloc is not None and not plan.feasible and \
+            (rate is None or coloc.meets_target):
+        plan.notes.append(f"disaggregated: {plan.binding_constraint}; colocated {coloc.label} meets the SLOs")
+        plan.feasible, plan.binding_constraint, plan.nearest_feasible = True, None, {}
+
+
+def _side_summary(side: compare.Side, mean_output_tokens: float) -> SideSummary:
+    s = side.measured.summary
+    return SideSummary(label=side.label, num_gpus=side.num_gpus, tp=side.tp, num_instances=side.num_instances,
+                       max_batch_size=side.max_batch_size, max_num_tokens=side.max_num_tokens, policy=side.policy,
+                       goodput_rate_per_s=side.measured.rate_per_s, goodput_per_gpu_per_s=side.goodput_per_gpu_per_s,
+                       output_tokens_per_s_per_gpu=side.goodput_per_gpu_per_s * mean_output_tokens,
+                       static_rate_per_s=side.static_rate_per_s, static_per_gpu_per_s=side.static_per_gpu_per_s,
+                       ttft_s=s.ttft_s.as_dict() if s else {}, tpot_s=s.tpot_s.as_dict() if s else {},
+                       slo_attainment=(s.slo_attainment or 0.0) if s else 0.0, busy_share=side.busy_shares(),
+                       meets_target=side.meets_target, perf_source=side.perf_source)
 
 
 def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: float,

@@ -50,6 +50,8 @@ def plan_text(plan: Plan) -> str:
             s = plan.seed004
             lines.append(f"  seed 004's first pass on the same curves: {s['num_prefill']:.0f}P{s['num_decode']:.0f}D "
                          f"(P/D ratio {s['pd_ratio']:.2f})")
+    if plan.comparison:
+        lines += comparison_lines(plan)
     for reason in plan.rejected:
         lines.append(f"  rejected {reason}")
     for note in plan.notes:
@@ -76,3 +78,48 @@ def seed004_text(plan: Seed004Plan, input_tokens: float, output_tokens: float, t
             f"which sustains only {plan.seed_max_tokens_per_min / 1e6:.3f}M tokens/min ({plan.seed_binding_role} "
             f"binds): short of the target")
     return "\n".join(lines)
+
+
+def _cell_tp(side) -> str:
+    return ", ".join(f"{role} TP{tp} x {side.num_instances[role]}" for role, tp in side.tp.items())
+
+
+def _cell_batch(side) -> str:
+    return ", ".join(f"{role} {side.max_batch_size[role]} seqs/{side.max_num_tokens[role]} tokens"
+                     for role in side.tp)
+
+
+def _cell_pct(values: dict[str, float]) -> str:
+    return " / ".join(f"{values[k] * 1e3:.0f}" for k in ("p50", "p90", "p99")) + " ms" if values else "-"
+
+
+def comparison_lines(plan: Plan) -> list[str]:
+    c = plan.comparison
+    assert c is not None
+    sides = [("disaggregated", c.disaggregated), ("colocated", c.colocated)]
+    rows = [("", lambda s, name: name + (f" ({s.policy})" if s.policy else "")),
+            ("GPUs", lambda s, _: str(s.num_gpus)),
+            ("TP x instances", lambda s, _: _cell_tp(s)),
+            ("batch sizes", lambda s, _: _cell_batch(s)),
+            ("goodput (simulated)", lambda s, _: f"{s.goodput_rate_per_s:.3g} req/s = {s.goodput_per_gpu_per_s:.3g}"
+                                                 f"/GPU ({s.output_tokens_per_s_per_gpu:.0f} out tok/s/GPU)"),
+            ("static estimate", lambda s, _: f"{s.static_rate_per_s:.3g} req/s = {s.static_per_gpu_per_s:.3g}/GPU"),
+            ("TTFT P50/P90/P99", lambda s, _: _cell_pct(s.ttft_s)),
+            ("TPOT P50/P90/P99", lambda s, _: _cell_pct(s.tpot_s)),
+            ("meets the target", lambda s, _: "-" if s.meets_target is None else ("yes" if s.meets_target else "no")),
+            ("performance data", lambda s, _: s.perf_source)]
+    lines = ["  colocated vs disaggregated (same curves; goodput = highest rate meeting the SLO attainment, "
+             "static = no queueing, no KV transfer):"]
+    for label, cell in rows:
+        cells = [cell(s, name) if s is not None else ("(none fits)" if not label else "-") for name, s in sides]
+        lines.append(f"    {label:<20} {cells[0]:<54} {cells[1]}")
+    if c.recommended is None:
+        lines.append("  recommendation: none (" + "; ".join(c.reasons) + ")")
+        return lines
+    by = f"{c.ratio_per_gpu:.2f}x the per-GPU goodput" if c.ratio_per_gpu < 1e9 else "the only one that fits"
+    best, other = (c.colocated, c.disaggregated) if c.recommended == "colocated" else (c.disaggregated, c.colocated)
+    if plan.target.rate_per_s and best and other and best.num_gpus != other.num_gpus:
+        by = f"{best.num_gpus} GPUs instead of {other.num_gpus} for the target; {by}"
+    lines.append(f"  recommendation: {c.recommended.upper()}, {by}")
+    lines += [f"    why: {r}" for r in c.reasons]
+    return lines

@@ -47,6 +47,15 @@ Schema `trtpd/v1`, kind `Plan` (YAML; every field is listed in configs/plans/REA
     verification: {num_requests, rate_per_s, ttft_s: {mean,p50,p90,p99}, tpot_s: {...},
                    slo_attainment, passed, ttft_breakdown_s: {...}, simulations: [[P, D, attainment]]}
     seed004: {...}                # seed 004's first pass on the same performance curves, for comparison
+    colocated: {num_instances, tp, policy, max_batch_size, max_num_tokens, max_input_len, max_seq_len,
+                kv_capacity_tokens, perf_source}          # the best colocated configuration (optional)
+    comparison:                   # colocated against disaggregated on the same data (optional)
+      recommended: colocated      # or disaggregated
+      ratio_per_gpu: 1.4          # simulated goodput per GPU, recommended / the other
+      reasons: [...]
+      disaggregated: {num_gpus, tp, num_instances, max_batch_size, max_num_tokens, goodput_rate_per_s,
+                      goodput_per_gpu_per_s, static_rate_per_s, static_per_gpu_per_s, ttft_s, tpot_s, ...}
+      colocated: {...}            # the same fields, plus policy
     notes: [...]
 """
 
@@ -136,6 +145,49 @@ class Verification(_Strict):
     simulations: list[list[float]]
 
 
+class ColocatedPlan(_Strict):
+    """Instances doing both phases (trtpd.sim.colocated_instance's policies)."""
+    num_instances: int = Field(gt=0)
+    tp: int = Field(gt=0)
+    policy: Literal["inflight", "chunked", "prefill_first"]
+    max_batch_size: int = Field(gt=0)
+    max_num_tokens: int = Field(gt=0, description="token budget per step, decode rows included")
+    max_input_len: int = Field(gt=0)
+    max_seq_len: int = Field(gt=0)
+    kv_capacity_tokens: int
+    perf_source: str
+
+
+class SideSummary(_Strict):
+    """One side of the comparison, simulated at its goodput rate."""
+    label: str
+    num_gpus: int
+    tp: dict[str, int]
+    num_instances: dict[str, int]
+    max_batch_size: dict[str, int]
+    max_num_tokens: dict[str, int]
+    policy: str | None = None
+    goodput_rate_per_s: float            # simulated: the highest rate meeting the attainment
+    goodput_per_gpu_per_s: float
+    output_tokens_per_s_per_gpu: float
+    static_rate_per_s: float             # no queueing, no KV transfer, from the same curves
+    static_per_gpu_per_s: float
+    ttft_s: dict[str, float] = Field(default_factory=dict)    # at the goodput rate
+    tpot_s: dict[str, float] = Field(default_factory=dict)
+    slo_attainment: float = 0.0
+    busy_share: dict[str, float] = Field(default_factory=dict)
+    meets_target: bool | None = None
+    perf_source: str = "roofline"
+
+
+class Comparison(_Strict):
+    recommended: Literal["disaggregated", "colocated"] | None
+    ratio_per_gpu: float
+    reasons: list[str] = Field(default_factory=list)
+    disaggregated: SideSummary | None = None
+    colocated: SideSummary | None = None
+
+
 class Plan(_Strict):
     api_version: Literal["trtpd/v1"] = "trtpd/v1"
     kind: Literal["Plan"] = "Plan"
@@ -160,6 +212,8 @@ class Plan(_Strict):
     expected: Expected | None = None
     verification: Verification | None = None
     seed004: dict[str, float] | None = None
+    colocated: ColocatedPlan | None = None
+    comparison: Comparison | None = None
     rejected: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
 

@@ -1,0 +1,67 @@
+"""The side-by-side answer: colocated against disaggregated on the same curves, and the decision rule."""
+
+from pathlib import Path
+
+import pytest
+
+from trtpd.catalog import get_model
+from trtpd.perf.hardware import load_hardware
+from trtpd.planner.compare import Measured, Side, decide
+from trtpd.planner.inputs import SearchSpace, Slo
+from trtpd.planner.make import VerifyOptions, make_plan
+from trtpd.planner.search import PlanProblem
+from trtpd.schema.plan import load_plan
+from trtpd.sim.lengths import FixedLengths
+from trtpd.sim.workload import load_workload
+
+FAST = VerifyOptions(num_requests=600, compare_requests=600)
+
+
+def _side(mode, gpus, rate, meets=None):
+    return Side(mode, mode, gpus, {}, {}, {}, {}, rate, Measured(rate, None, None), "fake", meets_target=meets)
+
+
+def test_budget_mode_recommends_the_higher_goodput_and_says_by_how_much():
+    v = decide(_side("disaggregated", 8, 40.0), _side("colocated", 8, 60.0), rate=None)
+    assert v.recommended == "colocated" and v.ratio_per_gpu == pytest.approx(1.5)
+
+
+def test_target_mode_recommends_fewer_gpus_among_those_that_meet_it():
+    v = decide(_side("disaggregated", 6, 30.0, meets=True), _side("colocated", 8, 48.0, meets=True), rate=25.0)
+    assert v.recommended == "disaggregated"            # 6 GPUs beat 8, although 6/GPU > 5/GPU anyway
+    v = decide(_side("disaggregated", 6, 30.0, meets=False), _side("colocated", 8, 30.0, meets=True), rate=25.0)
+    assert v.recommended == "colocated"
+    assert any("does not meet" in r for r in v.reasons)
+
+
+def _problem(input_tokens, output_tokens, ttft_s, tpot_s, max_gpus=4):
+    wl = load_workload("chat-powerlaw").model_copy(update={
+        "input_tokens": FixedLengths(kind="fixed", tokens=input_tokens),
+        "output_tokens": FixedLengths(kind="fixed", tokens=output_tokens), "name": "fixed"})
+    return PlanProblem(get_model("llama-3.1-8b"), load_hardware("h100-sxm"), wl, Slo(ttft_s=ttft_s, tpot_s=tpot_s),
+                       None, SearchSpace(tp_prefill=[1], tp_decode=[1], max_gpus=max_gpus))
+
+
+def test_short_prompts_long_outputs_colocated_must_win():
+    # 64-token prompts: a prefill instance of its own idles; four colocated GPUs all decode
+    plan = make_plan(_problem(64, 512, 0.5, 0.03), FAST)
+    c = plan.comparison
+    assert c is not None and c.recommended == "colocated" and c.ratio_per_gpu > 1.3
+    assert plan.colocated is not None and plan.colocated.num_instances == 4
+    assert c.colocated.static_rate_per_s > 0 and c.colocated.ttft_s["p90"] <= 0.5
+
+
+def test_long_prompts_tight_tpot_disaggregated_must_win(tmp_path):
+    # 8k-token prompts at TPOT 10 ms: chunks inflate every colocated decode step
+    plan = make_plan(_problem(8192, 128, 2.0, 0.010), FAST)
+    c = plan.comparison
+    assert c is not None and c.recommended == "disaggregated" and c.ratio_per_gpu > 1.2
+    assert c.disaggregated.goodput_per_gpu_per_s > c.colocated.goodput_per_gpu_per_s
+    path = tmp_path / "plan.yaml"
+    plan.save(path)
+    assert load_plan(path).comparison == c
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs/plans").glob("*.yaml")), ids=lambda p: p.name)
+def test_bundled_plan_files_still_load(path):
+    assert load_plan(path).model

@@ -1,0 +1,118 @@
+"""Colocated configurations for the planner: the same engines doing both phases, as people run them.
+
+A colocated candidate is a TP degree (its decode candidate's KV pool and batch cap), a step policy
+(trtpd.sim.colocated_instance: TensorRT-LLM in-flight batching, with or without chunked context; vLLM
+0.2's prefill-first for comparisons) and a token budget per step.
+
+Static estimate (no queueing): at rate lambda per instance a mean step of s seconds carries
+b = lambda x (L_out - 1) x s decode rows and c = lambda x L_in x s prompt tokens; s solves
+s = mixed_step(c, b) (prefill_first: decode steps stretched by the prefill share of time). TPOT = s;
+TTFT = the p-quantile prompt's own steps (chunked: ceil(L_p / (budget - b)) steps). The highest lambda
+meeting both SLOs, with b under the batch cap and b + c under the budget, is the static rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trtpd.perf.model import InstancePerf
+from trtpd.planner.candidates import DecodeCandidate
+from trtpd.planner.estimate import bisect_max
+from trtpd.planner.inputs import Slo
+from trtpd.planner.role_models import WorkloadStats
+from trtpd.sched.continuous import BatchSchedulerConfig
+from trtpd.sim.cluster import BatchRole, ClusterSpec
+from trtpd.sim.colocated_instance import mixed_step_s
+
+CHUNK_BUDGETS_TOKENS = (512, 1024, 2048, 4096, 8192)   # TensorRT-LLM's max_num_tokens default is 8192
+
+
+@dataclass(frozen=True)
+class ColocatedCandidate:
+    tp: int
+    policy: str                  # inflight | chunked | prefill_first
+    inst: InstancePerf
+    max_batch_size: int
+    max_num_tokens: int          # token budget per step (decode rows included)
+
+    @property
+    def label(self) -> str:
+        return f"TP{self.tp} {self.policy} ({self.max_num_tokens}-token steps, batch {self.max_batch_size})"
+
+    def cluster(self, num_instances: int, tokens_per_block: int) -> ClusterSpec:
+        sched = BatchSchedulerConfig(max_batch_size=self.max_batch_size,
+                                     max_num_tokens=max(self.max_num_tokens, self.max_batch_size), prefill_in_step=True)
+        return ClusterSpec(mode="colocated", decode=BatchRole(num_instances, self.inst.perf, self.inst.kv_capacity_tokens,
+                                                              sched),
+                           tokens_per_block=tokens_per_block, response_latency_s=self.inst.response_latency_s,
+                           colocated_policy=self.policy)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class StaticPoint:
+    rate_per_s: float            # per instance
+    step_s: float                # = TPOT
+    ttft_s: float
+    batch: float
+
+
+def candidates_for(decode: DecodeCandidate, max_input_len: int,
+                   policies: tuple[str, ...] = ("inflight", "chunked")) -> list[ColocatedCandidate]:
+    """inflight with room for the longest prompt next to a full batch; chunked at each budget."""
+    out = []
+    for policy in policies:
+        if policy == "chunked":
+            out += [ColocatedCandidate(decode.tp, policy, decode.inst, decode.max_batch_size, b)
+                    for b in CHUNK_BUDGETS_TOKENS]
+        else:
+            out.append(ColocatedCandidate(decode.tp, policy, decode.inst, decode.max_batch_size,
+                                          max_input_len + decode.max_batch_size))
+    return out
+
+
+def static_point(c: ColocatedCandidate, stats: WorkloadStats, rate_per_s: float, p: float) -> StaticPoint | None:
+    """The steady state at rate_per_s per instance without queueing; None when it does not exist."""
+    perf = c.inst.perf
+    l_in, steps = stats.input.mean, max(stats.output.mean - 1, 1e-9)
+    sq_per_token = stats.input.mean_sq / l_in
+    ctx = l_in + stats.output.mean / 2
+    budget = c.max_num_tokens
+    prefill_per_token_s = perf.prefill_s(budget, int(budget * sq_per_token)) / budget
+    s = perf.decode_step_s(1, int(ctx))
+    b = 0.0
+    for _ in range(100):
+        b = rate_per_s * steps * s
+        tokens = rate_per_s * l_in * s
+        if b > c.max_batch_size or (c.policy != "prefill_first" and b + tokens > budget):
+            return None
+        if c.policy == "prefill_first":
+            share = rate_per_s * l_in * prefill_per_token_s
+            if share >= 1:
+                return None
+            nxt = perf.decode_step_s(max(1, round(b)), int(max(b, 1) * ctx)) / (1 - share)
+        else:
+            nxt = mixed_step_s(perf, int(tokens), int(tokens * sq_per_token), max(1, round(b)), int(max(b, 1) * ctx))
+        if abs(nxt - s) < 1e-6 * s:
+            s = nxt
+            break
+        s = nxt
+    l_p = stats.input.quantile(p)
+    if c.policy == "chunked":
+        room = budget - b
+        ttft = math.ceil(l_p / room) * s if room >= 1 else math.inf
+    elif c.policy == "inflight":
+        ttft = mixed_step_s(perf, int(l_p), int(l_p * l_p), max(1, round(b)), int(max(b, 1) * ctx))
+    else:
+        ttft = perf.prefill_s(int(l_p), int(l_p * l_p))
+    return StaticPoint(rate_per_s, s, ttft, b)
+
+
+def static_rate_per_s(c: ColocatedCandidate, stats: WorkloadStats, slo: Slo) -> float:
+    """The highest rate per instance whose static steady state meets both SLOs."""
+    def ok(rate: float) -> bool:
+        pt = static_point(c, stats, rate, slo.attainment)
+        return pt is not None and pt.step_s <= slo.tpot_s and pt.ttft_s <= slo.ttft_s
+    l_in = stats.input.mean
+    hi = c.max_num_tokens / (c.inst.perf.prefill_s(c.max_num_tokens) * l_in) + 1.0
+    return bisect_max(ok, hi)

@@ -1,0 +1,258 @@
+"""Colocated against disaggregated, on the same data: each side's best configuration, its simulated
+goodput (DistServe's: the highest rate at which the SLO attainment holds) next to its static estimate
+(no queueing, no KV transfer), and which one to run, by how much and why. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from trtpd.planner.colocated import ColocatedCandidate, candidates_for, static_rate_per_s
+from trtpd.planner.search import Choice, PlanProblem, Planner
+from trtpd.planner.verify import cluster_for
+from trtpd.sim.cluster import ClusterSpec
+from trtpd.sim.goodput import max_goodput_rate_per_s
+from trtpd.sim.metrics import SimSummary, latencies, summarize
+from trtpd.sim.simulator import SimRun, default_max_in_system, simulate
+from trtpd.sim.workload import generate_requests
+
+NUM_BISECTIONS = 6
+MAX_BUMPS = 3
+RATE_CAP = 4.0          # a goodput search stops at this many times the static estimate
+MAX_REQUESTS_FACTOR = 6  # at most this many times the requests asked for, to cover the warm-up
+
+
+@dataclass
+class Measured:
+    """One simulated goodput search: the rate, and the run and summary at that rate."""
+    rate_per_s: float
+    summary: SimSummary | None
+    run: SimRun | None
+    ttft_miss: float = 0.0        # share of requests over the TTFT target just above that rate
+    tpot_miss: float = 0.0        # (the lowest failing probe): which SLO gives way first
+
+
+@dataclass
+class Side:
+    mode: str                                  # disaggregated | colocated
+    label: str
+    num_gpus: int
+    tp: dict[str, int]
+    num_instances: dict[str, int]
+    max_batch_size: dict[str, int]
+    max_num_tokens: dict[str, int]
+    static_rate_per_s: float                   # no queueing, no transfer
+    measured: Measured
+    perf_source: str
+    policy: str | None = None
+    meets_target: bool | None = None           # target mode: the simulation at the target rate passed
+    target_summary: SimSummary | None = None
+    colocated: ColocatedCandidate | None = None
+
+    @property
+    def goodput_per_gpu_per_s(self) -> float:
+        return self.measured.rate_per_s / self.num_gpus
+
+    @property
+    def static_per_gpu_per_s(self) -> float:
+        return self.static_rate_per_s / self.num_gpus
+
+    def busy_shares(self) -> dict[str, float]:
+        run = self.measured.run
+        if run is None:
+            return {}
+        out: dict[str, list[float]] = {}
+        for u in run.usage:
+            out.setdefault(u.role, []).append(u.busy_share)
+        return {role: sum(v) / len(v) for role, v in out.items()}
+
+
+@dataclass
+class Verdict:
+    recommended: str | None
+    ratio_per_gpu: float                       # recommended / other, simulated goodput per GPU
+    reasons: list[str] = field(default_factory=list)
+    disaggregated: Side | None = None
+    colocated: Side | None = None
+
+
+class Goodput:
+    """Simulated goodput searches on one workload, SLO and request count."""
+
+    def __init__(self, problem: PlanProblem, num_requests: int, seed: int) -> None:
+        self.problem, self.num_requests, self.seed = problem, num_requests, seed
+        # decode batches take about the longest output x TPOT to fill: not measured, and at least twice
+        # that span measured after it (a short burst fits in the batches and looks fine at any rate)
+        self.warmup_s = problem.workload.output_stats().max * problem.slo.tpot_s
+
+    def _num_requests(self, rate: float) -> int:
+        return int(min(MAX_REQUESTS_FACTOR * self.num_requests, max(self.num_requests, 3 * rate * self.warmup_s)))
+
+    def _run(self, cluster: ClusterSpec, rate: float) -> tuple[SimRun, SimSummary, float, float]:
+        slo = self.problem.slo
+        run = simulate(cluster, generate_requests(self.problem.workload, rate, self._num_requests(rate), self.seed),
+                       max_in_system=default_max_in_system(cluster))
+        lat = latencies(run, warmup_s=self.warmup_s)
+        ttft_miss = float((~lat.done | (lat.ttft_s > slo.ttft_s)).mean()) if len(lat.done) else 1.0
+        tpot_miss = float((lat.tpot_s > slo.tpot_s).mean()) if len(lat.done) else 1.0
+        return run, summarize(run, slo.ttft_s, slo.tpot_s, warmup_s=self.warmup_s), ttft_miss, tpot_miss
+
+    def passes(self, cluster: ClusterSpec, rate: float) -> tuple[bool, SimSummary]:
+        _, summary, _, _ = self._run(cluster, rate)
+        return (summary.slo_attainment or 0.0) >= self.problem.slo.attainment, summary
+
+    def search(self, cluster: ClusterSpec, static_rate_per_s: float) -> Measured:
+        """Starts at half the static estimate; rates over RATE_CAP x static count as misses."""
+        slo = self.problem.slo
+        seen: dict[float, tuple[SimRun, SimSummary, float, float]] = {}
+        start_rate_per_s = 0.5 * static_rate_per_s
+
+        def probe(cluster_, workload, rate, ttft_s, tpot_s, num_requests, seed) -> float:
+            if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
+                return 0.0
+            seen[rate] = self._run(cluster_, rate)
+            return seen[rate][1].slo_attainment or 0.0
+        g = max_goodput_rate_per_s(cluster, self.problem.workload, slo.ttft_s, slo.tpot_s, slo.attainment,
+                                   self.num_requests, self.seed, max(start_rate_per_s, 1e-3), NUM_BISECTIONS, probe)
+        if g.rate_per_s <= 0 or g.rate_per_s not in seen:
+            return Measured(0.0, None, None, 1.0, 1.0)
+        run, summary, ttft_miss, tpot_miss = seen[g.rate_per_s]
+        failing = [r for r in seen if r > g.rate_per_s]
+        if failing:
+            _, _, ttft_miss, tpot_miss = seen[min(failing)]
+        return Measured(g.rate_per_s, summary, run, ttft_miss, tpot_miss)
+
+
+# -- disaggregated -------------------------------------------------------------------------------------
+def disaggregated_side(planner: Planner, choice: Choice, goodput: Goodput, rate: float | None) -> Side:
+    cfg, space = choice.config, planner.problem.space
+    cluster = cluster_for(cfg.prefill, cfg.decode, choice.num_prefill, choice.num_decode, cfg.link,
+                          space.tokens_per_block, space.first_token_at)
+    static = disaggregated_static_rate_per_s(planner, choice)
+    measured = goodput.search(cluster, static or rate or choice.max_rate_per_s)
+    side = Side("disaggregated", f"{choice.num_prefill}P(TP{cfg.prefill.tp})+{choice.num_decode}D(TP{cfg.decode.tp})",
+                choice.num_gpus, {"prefill": cfg.prefill.tp, "decode": cfg.decode.tp},
+                {"prefill": choice.num_prefill, "decode": choice.num_decode},
+                {"prefill": cfg.prefill.scheduler.max_batch_size, "decode": cfg.decode.max_batch_size},
+                {"prefill": cfg.prefill.scheduler.max_num_tokens, "decode": cfg.decode.max_batch_size},
+                static, measured, cfg.decode.inst.source)
+    if rate is not None:
+        side.meets_target, side.target_summary = goodput.passes(cluster, rate)
+    return side
+
+
+def disaggregated_static_rate_per_s(planner: Planner, choice: Choice) -> float:
+    """Prefill at full batches while the p-quantile prompt's batch fits TTFT; decode at the largest batch
+    meeting TPOT (Little's law); no queueing, no KV transfer."""
+    cfg, slo = choice.config, planner.problem.slo
+    pm, dm = cfg.prefill.model, cfg.decode.model
+    l_p = planner.stats.input.quantile(slo.attainment)
+    rate_p = pm.capacity_per_s() if pm.batch_s(min(pm.max_num_tokens, l_p)) <= slo.ttft_s else 0.0
+    rate_d = dm.max_batch_size / (dm.steps_mean * dm.step_s(dm.max_batch_size))
+    return min(choice.num_prefill * rate_p, choice.num_decode * rate_d)
+
+
+# -- colocated -----------------------------------------------------------------------------------------
+def shortlist(planner: Planner) -> list[tuple[ColocatedCandidate, float]]:
+    """Per TP: inflight, and chunked at the smallest budget within 2% of its best static rate and at 4x
+    that; TP degrees whose static rate per GPU is under half the best are dropped."""
+    problem = planner.problem
+    per_tp: list[list[tuple[ColocatedCandidate, float]]] = []
+    for d in planner.decodes:
+        cands = [(c, static_rate_per_s(c, planner.stats, problem.slo)) for c in candidates_for(d, planner.max_input_len)]
+        inflight = [x for x in cands if x[0].policy == "inflight"]
+        chunked = [x for x in cands if x[0].policy == "chunked"]
+        best = max(r for _, r in chunked)
+        small = next(x for x in chunked if x[1] >= 0.98 * best)
+        larger = [x for x in chunked if x[0].max_num_tokens == min(4 * small[0].max_num_tokens, 8192)]
+        picked = inflight + [small] + [x for x in larger if x[0] is not small[0]]
+        per_tp.append([x for x in picked if x[1] > 0])
+    best_per_gpu = max((r / c.tp for group in per_tp for c, r in group), default=0.0)
+    return [(c, r) for group in per_tp for c, r in group if r / c.tp >= 0.5 * best_per_gpu]
+
+
+def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None) -> Side | None:
+    space = planner.problem.space
+    tpb = space.tokens_per_block
+    found: list[tuple[tuple, ColocatedCandidate, int, float, Measured]] = []
+    for c, static in shortlist(planner):
+        if rate is None:                       # a budget: fill it with instances of this TP
+            assert max_gpus is not None
+            num = max_gpus // c.tp
+            if num < 1:
+                continue
+            m = goodput.search(c.cluster(num, tpb), static * num)
+            found.append(((-m.rate_per_s, num * c.tp), c, num, static * num, m))
+        else:                                   # a target: one instance's goodput sizes the count
+            m = goodput.search(c.cluster(1, tpb), static)
+            if m.rate_per_s <= 0:
+                continue
+            num = max(1, math.ceil(rate / m.rate_per_s - 1e-9))
+            if max_gpus is not None and num * c.tp > max_gpus:
+                continue
+            found.append(((num * c.tp, -m.rate_per_s / c.tp), c, num, static, m))
+    if not found:
+        return None
+    _, c, num, static, m = min(found, key=lambda f: f[0])
+    meets, target_summary = None, None
+    if rate is not None:
+        for _ in range(MAX_BUMPS):
+            meets, target_summary = goodput.passes(c.cluster(num, tpb), rate)
+            if meets or (max_gpus is not None and (num + 1) * c.tp > max_gpus):
+                break
+            num += 1
+        static *= num
+        m = goodput.search(c.cluster(num, tpb), static)
+    side = Side("colocated", f"{num}x TP{c.tp} {c.policy}", num * c.tp, {"colocated": c.tp}, {"colocated": num},
+                {"colocated": c.max_batch_size}, {"colocated": c.max_num_tokens}, static, m, c.inst.source,
+                policy=c.policy, meets_target=meets, target_summary=target_summary, colocated=c)
+    return side
+
+
+# -- the answer ----------------------------------------------------------------------------------------
+def decide(disagg: Side | None, coloc: Side | None, rate: float | None) -> Verdict:
+    sides = [s for s in (disagg, coloc) if s is not None and s.measured.rate_per_s > 0]
+    if rate is not None:
+        passing = [s for s in sides if s.meets_target]
+        sides = passing or sides
+        key = (lambda s: (s.num_gpus, -s.goodput_per_gpu_per_s)) if passing else (lambda s: -s.goodput_per_gpu_per_s)
+    else:
+        key = lambda s: (-s.measured.rate_per_s, s.num_gpus)  # noqa: E731
+    if not sides:
+        return Verdict(None, 0.0, ["neither side meets the SLOs in simulation"], disagg, coloc)
+    best = min(sides, key=key)
+    other = coloc if best is disagg else disagg
+    ratio = (best.goodput_per_gpu_per_s / other.goodput_per_gpu_per_s
+             if other is not None and other.goodput_per_gpu_per_s > 0 else math.inf)
+    return Verdict(best.mode, ratio, reasons(best, other, rate), disagg, coloc)
+
+
+def _binding(side: Side) -> str:
+    m = side.measured
+    which = "TTFT" if m.ttft_miss >= m.tpot_miss else "TPOT"
+    return (f"{which} gives way first (just above that rate {m.ttft_miss:.0%} of requests miss TTFT, "
+            f"{m.tpot_miss:.0%} TPOT)")
+
+
+def reasons(best: Side, other: Side | None, rate: float | None) -> list[str]:
+    out = []
+    if other is None:
+        return [f"only {best.mode} has a configuration that meets the SLOs"]
+    if rate is not None and best.meets_target and not other.meets_target:
+        out.append(f"{other.mode} does not meet the SLOs at the target within the GPUs tried")
+    elif rate is not None and best.num_gpus < other.num_gpus:
+        out.append(f"{best.mode} meets the target with {best.num_gpus} GPUs, {other.mode} needs {other.num_gpus}")
+    for s in (best, other):
+        kept = s.measured.rate_per_s / s.static_rate_per_s if s.static_rate_per_s > 0 else 0.0
+        busy = ", ".join(f"{role} busy {share:.0%}" for role, share in s.busy_shares().items())
+        cost = "queueing and KV transfer" if s.mode == "disaggregated" else "queueing and prefill-decode interference"
+        out.append(f"{s.mode} {s.label}: simulated goodput {s.goodput_per_gpu_per_s:.3g} req/s/GPU is "
+                   f"{kept:.0%} of its static {s.static_per_gpu_per_s:.3g} ({cost}); {_binding(s)}; {busy}")
+    if best.mode == "colocated":
+        out.append("every colocated GPU does both phases, so none idles; disaggregation's whole instances "
+                   "per role leave capacity unused at this input/output mix and these SLOs")
+    else:
+        out.append("disaggregation removes prefill-decode interference: decode steps carry no prompts, so "
+                   "batches can grow to the TPOT limit while prefill meets TTFT on its own GPUs")
+    return out
