@@ -2,6 +2,9 @@
 
     tcp://HOST:PORT            KV bytes travel on the TCP connection (crosses hosts)
     shm://HOST:PORT/SHM_NAME   control on TCP; KV bytes are copied out of /dev/shm/SHM_NAME (same host only)
+    ucx://HOST:PORT            control on TCP; KV bytes on a UCX endpoint (ucxx), its port named in ACCEPT
+    mpi://HOST:PORT            control on TCP; KV bytes on an MPI intercommunicator (Connect to the MPI port
+                               named in ACCEPT); both processes run under `mpiexec -n 1` (mpi_mover.py)
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 
 from trtpd.kv.errors import KvHandleMalformedError
 
-TRANSPORTS = ("tcp", "shm")
+TRANSPORTS = ("tcp", "shm", "ucx")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,6 @@ class KvEndpoint:
         if (not sep or transport not in TRANSPORTS or not host or not port.isdigit()
                 or (transport == "shm") != bool(shm_name)):
             raise KvHandleMalformedError(
-                f"KV endpoint {text!r} is not tcp://HOST:PORT or shm://HOST:PORT/SHM_NAME; "
+                f"KV endpoint {text!r} is not tcp://HOST:PORT (or ucx://, mpi://) or shm://HOST:PORT/SHM_NAME; "
                 f"the handle was not made by a trtpd KV exporter")
         return cls(transport, host, int(port), shm_name or None)

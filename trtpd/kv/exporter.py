@@ -3,7 +3,8 @@
 The prefill engine thread calls register() when a batch is scheduled, mark_layers_ready() after each layer,
 complete() with the first token (or fail()), and frees the blocks of the ids drain_released() returns.
 The exporter serves pulls on its own threads: one accepts connections, one per pull streams layers as they
-become ready (frame.py describes the protocol), and a reaper releases exports whose deadline passed
+become ready (frame.py describes the protocol; for ucx and mpi the bytes go on a
+channel of the transport's own, mover.py), and a reaper releases exports whose deadline passed
 (transfer_timeout_s after register(), renewed by complete()), so KV is never held forever.
 """
 
@@ -16,7 +17,7 @@ import threading
 import time
 from typing import Callable
 
-from trtpd.kv import auth, frame
+from trtpd.kv import auth, frame, mover
 from trtpd.kv.endpoint import TRANSPORTS, KvEndpoint
 from trtpd.kv.errors import (KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError, KvHandleError,
                              KvProtocolError)
@@ -25,12 +26,13 @@ from trtpd.kv.frame import ErrorCode, Kind
 from trtpd.kv.handle import HANDLE_VERSION, MAX_HANDLE_BYTES, ContextPhaseParams, check_key, decode, encode
 from trtpd.kv.pool import SHM_DIR, KvPool
 from trtpd.kv.shm_source import ShmPoolIdentity
-from trtpd.kv.spans import check_blocks, layer_stride_bytes, pool_bytes, request_spans
+from trtpd.kv.spans import check_blocks, copy_plan, layer_stride_bytes, pool_bytes, request_spans
 from trtpd.errors import ConfigError
 
 PULL_REQUEST_TIMEOUT_S = 10.0    # a connection must send its PULL within this
 SOCKET_BUFFER_BYTES = 4 << 20
 CLOSE_GRACE_S = 1.0              # close() lets sessions send their ERROR this long before cutting them off
+CHANNEL_TIMEOUT_S = 10.0         # ucx, mpi: the importer must open its byte channel within this after ACCEPT
 
 
 class KvExporter:
@@ -63,6 +65,7 @@ class KvExporter:
         # handles name `advertise_host` (where decode reaches us) when the bind address is not that
         self._endpoint = KvEndpoint(transport, advertise_host or host, self._listener.getsockname()[1], pool.shm_name)
         self._shm_identity = ShmPoolIdentity.of(pool.shm_name, pool.num_blocks) if transport == "shm" else None
+        self._mover = mover.server_for(transport) if transport in mover.MOVER_TRANSPORTS else None
         self._sessions: dict[socket.socket, threading.Thread] = {}
         self._sessions_lock = threading.Lock()
         self._threads = [threading.Thread(target=self._accept_loop, name="kv-export-accept", daemon=True),
@@ -156,6 +159,8 @@ class KvExporter:
                     pass
         for thread in [*self._threads, *sessions.values()]:
             thread.join(timeout=5.0)   # after this no thread reads the pool: the caller may close it
+        if self._mover is not None:
+            self._mover.close()
         self._pool_view = memoryview(b"")
 
     def _sign(self, export: Export, first_token: int | None) -> bytes:
@@ -181,7 +186,7 @@ class KvExporter:
             session.start()
 
     def _serve(self, sock: socket.socket) -> None:
-        export, why = None, "pull connection broke"
+        export, why, pending, channel = None, "pull connection broke", None, None
         try:
             sock.settimeout(PULL_REQUEST_TIMEOUT_S)
             nonce = auth.new_nonce()       # the challenge: fresh per connection, so no proof can be replayed
@@ -198,8 +203,15 @@ class KvExporter:
             accept = auth.exporter_proof(self._key, nonce, importer_nonce, blob)
             if self._shm_identity:
                 accept += self._shm_identity.pack_accept(export.block_ids)
+            elif self._mover is not None:
+                pending = self._mover.expect(mover.channel_token(self._key, nonce, importer_nonce))
+                accept += mover.pack_accept(self._mover.address, export.block_ids)
             frame.send_frame(sock, Kind.ACCEPT, accept)
-            self._send_layers(sock, export)
+            plan = None
+            if pending is not None:
+                channel, dst_block_ids = pending.wait(min(self._remaining_s(export), CHANNEL_TIMEOUT_S))
+                plan = self._channel_plan(export, dst_block_ids)
+            self._send_layers(sock, export, channel, plan)
             first_token = self._table.wait_first_token(export)
             frame.send_frame(sock, Kind.DONE, first_token.to_bytes(8, "big", signed=True))
             sock.settimeout(self._remaining_s(export))
@@ -224,6 +236,10 @@ class KvExporter:
         except (OSError, KvProtocolError) as e:
             why = f"pull connection broke: {e}"
         finally:
+            if pending is not None:
+                self._mover.forget(pending)
+            if channel is not None:
+                channel.close()
             if export is not None:
                 self._table.release(export, why)
             with self._sessions_lock:
@@ -246,13 +262,30 @@ class KvExporter:
             raise Abort(ErrorCode.LAYOUT, "; ".join(problems))
         return params
 
-    def _send_layers(self, sock: socket.socket, export: Export) -> None:
+    def _channel_plan(self, export: Export, dst_block_ids: list[int]) -> list[tuple[int, int, int]]:
+        try:
+            check_blocks(self.pool.layout, 1 << 31, dst_block_ids, export.num_tokens, "the importer's hello")
+        except ValueError as e:
+            raise KvProtocolError(str(e)) from None
+        return copy_plan(self.pool.layout, export.block_ids, dst_block_ids, export.num_tokens)
+
+    def _send_layers(self, sock: socket.socket, export: Export, channel: mover.Channel | None = None,
+                     plan: list[tuple[int, int, int]] | None = None) -> None:
         spans = request_spans(self.pool.layout, export.block_ids, export.num_tokens)
         payload_bytes = sum(size for _, size in spans) if self.transport == "tcp" else 0
         num_sent = 0
         while num_sent < self.pool.layout.num_layers:
             num_ready = self._table.wait_layers(export, num_sent)
-            if self.transport == "shm":   # say which layers are ready; the importer copies them from the pool
+            if channel is not None:   # the header on TCP, then the layer's segments on the transport's channel
+                for layer in range(num_sent, num_ready):
+                    if export.abort is not None:
+                        raise export.abort
+                    sock.settimeout(self._remaining_s(export))
+                    sock.sendall(frame.pack_header(Kind.LAYER, 0, layer=layer))
+                    base = layer * self._layer_stride_bytes
+                    channel.send([self._pool_view[base + src:base + src + size] for src, _, size in plan],
+                                 self._remaining_s(export))
+            elif self.transport == "shm":   # say which layers are ready; the importer copies them from the pool
                 sock.settimeout(self._remaining_s(export))
                 sock.sendall(b"".join(frame.pack_header(Kind.LAYER, 0, layer=layer)
                                       for layer in range(num_sent, num_ready)))

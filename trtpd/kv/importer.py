@@ -1,7 +1,8 @@
 """The decode side of the KV transfer: checks a handle, then pulls the request's KV layer by layer.
 
 verify() refuses a forged, stale or incompatible handle before anything moves. pull() connects to the
-exporter named in the handle, receives (tcp) or copies out of the mapped prefill pool (shm) each layer as
+exporter named in the handle, receives (tcp; ucx and mpi on a channel of their own, mover.py) or copies out of
+the mapped prefill pool (shm) each layer as
 soon as prefill has written it, waits for the first token, acknowledges, and returns only once the exporter
 confirms that the acknowledgement beat any timeout. Several pulls may run at once on different threads.
 """
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from trtpd.kv import auth, frame
+from trtpd.kv import auth, frame, mover
 from trtpd.kv.endpoint import KvEndpoint
 from trtpd.kv.errors import (KvConnectError, KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError,
                              KvHandleMalformedError, KvLayoutMismatchError, KvPrefillFailedError,
@@ -52,6 +53,12 @@ class KvImporter:
         self._pool_view = memoryview(self._pool_array)
         self._layer_stride_bytes = layer_stride_bytes(pool.layout, pool.num_blocks)
         self._sources = ShmPoolSources()
+        self._mover_clients: dict[str, mover.MoverClient] = {}
+
+    def _mover_client(self, transport: str) -> mover.MoverClient:
+        if transport not in self._mover_clients:   # (a race makes two clients, which is harmless)
+            self._mover_clients[transport] = mover.client_for(transport)
+        return self._mover_clients[transport]
 
     def verify(self, blob: bytes, now_s: float) -> ContextPhaseParams:
         """Signature, expiry and layout against this pool; raises a KvTransferError subclass, moves nothing."""
@@ -74,6 +81,8 @@ class KvImporter:
     def close(self) -> None:
         """Unmaps the prefill pools; call after the last pull has returned."""
         self._sources.close()
+        for client in self._mover_clients.values():
+            client.close()
 
 
 class _Pull:
@@ -86,6 +95,7 @@ class _Pull:
         self.layout = importer.pool.layout
         self.wire_bytes = 0
         self.waiting_for = "the connection"
+        self.channel: mover.Channel | None = None
 
     def run(self, on_layer: Callable[[int], None] | None) -> PullResult:
         start_s = time.perf_counter()
@@ -103,6 +113,8 @@ class _Pull:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
             try:
                 return self._converse(sock, start_s, on_layer)
+            except ValueError as e:    # a mover's hello could not be made (bad block ids from the exporter)
+                raise KvProtocolError(f"{self.where}: {e}") from None
             except socket.timeout:
                 raise KvTransferTimeoutError(
                     f"{self.where}: timed out waiting for {self.waiting_for}; the prefill instance may be stuck or "
@@ -111,6 +123,9 @@ class _Pull:
                 raise KvConnectError(
                     f"{self.where}: the connection broke while waiting for {self.waiting_for} ({e}); the prefill "
                     f"instance may have stopped or timed the export out; re-run prefill for this request") from None
+            finally:
+                if self.channel is not None:
+                    self.channel.close()
 
     def _converse(self, sock: socket.socket, start_s: float, on_layer: Callable[[int], None] | None) -> PullResult:
         sock.settimeout(self._remaining_s())
@@ -127,7 +142,12 @@ class _Pull:
             raise KvProtocolError(f"{self.where}: ACCEPT of {len(accept)} bytes carries no exporter proof")
         auth.check_exporter_proof(key, nonce, my_nonce, handle, accept[:auth.PROOF_BYTES], self.where)
         accept = accept[auth.PROOF_BYTES:]
-        move_layer = self._shm_mover(accept) if self.endpoint.transport == "shm" else self._tcp_mover(sock)
+        if self.endpoint.transport == "shm":
+            move_layer = self._shm_mover(accept)
+        elif self.endpoint.transport in mover.MOVER_TRANSPORTS:
+            move_layer = self._channel_mover(accept, mover.channel_token(key, nonce, my_nonce))
+        else:
+            move_layer = self._tcp_mover(sock)
         layer_done_s, layer_move_s = [], []
         for layer in range(self.layout.num_layers):
             header, _ = self._expect(sock, Kind.LAYER, f"layer {layer}", read_payload=False)
@@ -160,6 +180,28 @@ class _Pull:
             sock.settimeout(self._remaining_s())
             base = layer * stride
             self.wire_bytes += frame.recv_into_buffers(sock, [view[base + o:base + o + n] for o, n in spans])
+        return move
+
+    def _channel_mover(self, accept: bytes, token: bytes) -> Callable[[int, int], None]:
+        address, src_block_ids = mover.unpack_accept(accept)
+        if len(src_block_ids) != len(self.dst_block_ids):
+            raise KvProtocolError(f"{self.where}: the exporter names {len(src_block_ids)} blocks, the request has "
+                                  f"{len(self.dst_block_ids)}")
+        plan = copy_plan(self.layout, src_block_ids, self.dst_block_ids, self.params.num_tokens)
+        view, stride = self.importer._pool_view, self.importer._layer_stride_bytes
+        if any(dst + size > stride for _, dst, size in plan):
+            raise KvProtocolError(f"{self.where}: copy plan leaves the decode pool; refusing to receive")
+        self.waiting_for = f"the {self.endpoint.transport} channel to open"
+        client = self.importer._mover_client(self.endpoint.transport)
+        self.channel = client.connect(self.endpoint.host, address, mover.pack_hello(token, self.dst_block_ids),
+                                      self._remaining_s())
+
+        def move(layer: int, payload_bytes: int) -> None:
+            if payload_bytes:
+                raise KvProtocolError(f"{self.where}: {self.endpoint.transport} LAYER frame with {payload_bytes} "
+                                      f"payload bytes")
+            base = layer * stride
+            self.channel.recv([view[base + dst:base + dst + size] for _, dst, size in plan], self._remaining_s())
         return move
 
     def _shm_mover(self, accept: bytes) -> Callable[[int, int], None]:

@@ -1,4 +1,4 @@
-"""KV pulls between a real prefill process (exporter_child.py) and this process, over tcp and shm."""
+"""KV pulls between a real prefill process (exporter_child.py) and this process, over tcp, shm and ucx."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import KvPool
 
 pytestmark = pytest.mark.integration
-TRANSPORTS = ("tcp", "shm")
+TRANSPORTS = ("tcp", "shm", "ucx")
 SENTINEL = 0xAB
 
 
@@ -90,8 +90,11 @@ def test_pull_is_bit_exact_and_moves_exactly_the_request_bytes(exporters, transp
     headers_bytes = HEADER_BYTES * (layout.num_layers + 4) + 8 + NONCE_BYTES + PROOF_BYTES   # + HELLO, nonce, proof
     if transport == "tcp":
         assert result.wire_bytes == layout.bytes_for(num_tokens) + headers_bytes
-    else:
+    elif transport == "shm":
         assert result.wire_bytes == headers_bytes + 36 + 4 * len(src_ids)
+    else:   # ACCEPT names the channel's address (u16 length, address) and the source blocks; KV on the channel
+        address_bytes = result.wire_bytes - headers_bytes - 2 - 4 * len(src_ids)
+        assert 0 < address_bytes < 1024
     assert len(result.layer_done_s) == layout.num_layers
     assert_pulled(exporter, dst, [(src_ids, dst_ids, num_tokens)])
     assert exporter.wait_released("req-1")

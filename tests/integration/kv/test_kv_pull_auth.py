@@ -21,7 +21,7 @@ from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import KvPool
 
 pytestmark = pytest.mark.integration
-TRANSPORTS = ("tcp", "shm")
+TRANSPORTS = ("tcp", "shm", "ucx")
 LAYOUT = KvLayout(num_layers=3, num_kv_heads=2, head_size=8, tokens_per_block=8, dtype="fp16")
 
 

@@ -56,12 +56,13 @@ def test_receive_reports_a_closed_peer():
             frame.recv_into_buffers(b, [memoryview(bytearray(8))])
 
 
-@pytest.mark.parametrize("text", ["tcp://127.0.0.1:41000", "shm://127.0.0.1:5/trtpd_pool_a", "tcp://[::1]:7"])
+@pytest.mark.parametrize("text", ["tcp://127.0.0.1:41000", "shm://127.0.0.1:5/trtpd_pool_a", "tcp://[::1]:7",
+                                  "ucx://127.0.0.1:41000", "mpi://10.0.0.5:9"])
 def test_endpoint_round_trip(text):
     assert str(KvEndpoint.parse(text)) == text
 
 
-@pytest.mark.parametrize("text", ["127.0.0.1:41000", "udp://h:1", "tcp://h:port", "shm://h:1", "tcp://h:1/x", ""])
+@pytest.mark.parametrize("text", ["127.0.0.1:41000", "udp://h:1", "tcp://h:port", "shm://h:1", "tcp://h:1/x", "ucx://h:1/x", ""])
 def test_bad_endpoint_is_malformed(text):
     with pytest.raises(KvHandleMalformedError, match="is not tcp://HOST:PORT"):
         KvEndpoint.parse(text)
