@@ -319,3 +319,39 @@ def test_the_autoscaler_acts_on_live_metrics(deployment):
     assert "up to 2" in decision.detail["reasons"]["prefill"]   # the model (a 5 ms TTFT is out of reach) and the queue
     assert counts("auto") == {"prefill": 2, "decode": 1}
     assert load.errors == [] and len(load.results) > 5
+
+
+def test_a_hung_instance_fails_its_health_checks_and_is_replaced(deployment):
+    deployment("hung")
+    victim = next(i for i in load_fleet("hung").instances if i.role == "decode")
+    stopped_at = time.time()
+    os.kill(victim.server.pid, signal.SIGSTOP)   # alive, but answers nothing
+    try:
+        failed = wait_audit("hung", lambda e: e.action == "failed" and e.detail["instance"] == victim.name, 60,
+                            "the hung instance recorded as failed")
+        assert "health checks failing" in failed.detail["reason"]
+        assert failed.ts - stopped_at >= 5.0   # the grace period, not a single missed probe
+        ready = wait_audit("hung", lambda e: e.action == "ready" and e.ts > stopped_at, 60, "its replacement")
+        assert ready.detail["role"] == "decode"
+    finally:
+        try:
+            os.kill(victim.server.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    assert complete(client("hung"), PROMPTS[2])
+    assert victim.name not in pids("hung")
+
+
+def test_a_rollout_changing_both_roles_kv_dtype_keeps_kv_within_each_revision(deployment, fp8_root, tmp_path):
+    deployment("kvboth")
+    c = client("kvboth")
+    # fp16 -> fp8 for prefill and decode at once: the new revision's KV is incompatible with the old one's,
+    # so only the cohort split (changed roles serve their own revision) keeps every pull within one revision
+    both = write_spec(tmp_path / "fp8-both.yaml", "kvboth", fp8_root)
+    with Load(c) as load:
+        assert trtpd(["rollout", str(both)]) == 0
+        time.sleep(1.0)
+    assert load.errors == [], load.errors
+    assert {i.revision for i in load_fleet("kvboth").instances} == {2}
+    baked = next(e for e in audit("kvboth", "rollout_promoting"))
+    assert baked.detail["gate"]["canary"]["requests"] >= 6 and baked.detail["gate"]["stable"]["requests"] >= 6
