@@ -5,18 +5,26 @@
                       prefill, decode (tensorrtllm backend)
   launch_triton.sh    one MPI world (orchestrator + context + generation ranks)
   trtllm-serve/       prefill.yaml, decode.yaml, disagg.yaml, launch.sh (UCX/NIXL path)
+  containers/         docker run lines and compose files for both paths (build/container_launch.py)
+  python/trtpd/       a copy of trtpd's source for the python models, which import trtpd.serving.*:
+                      the containers ship without trtpd, and launch_triton.sh puts python/ on
+                      PYTHONPATH (no pip, no network, nothing written into the image's python)
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import trtpd
+from trtpd.build.container_launch import render_container_files
+from trtpd.build.containers import CONTAINERS, DEFAULT_CONTAINER, ContainerLayout
 from trtpd.build.gpu_repo import plan_role_models
-from trtpd.build.launch import TritonPorts, render_triton_launch
+from trtpd.build.launch import PYTHON_DIR, TritonPorts, render_triton_launch
 from trtpd.build.mpi_world import MpiWorld, plan_mpi_world
 from trtpd.build.plan import BuildPlan
-from trtpd.build.serve_config import ServeLayout, render_serve_files
+from trtpd.build.serve_config import ServeLayout, render_serve_files, worker_commands
 from trtpd.errors import ConfigError
 from trtpd.staging import staged_folder
 from trtpd.repo.render import ModelPlan, render_repository, templates_dir
@@ -33,6 +41,7 @@ class DeployPlan:
     world: MpiWorld
     models: list[ModelPlan]
     files: dict[str, str] = field(default_factory=dict)     # relative to deploy_dir
+    container: ContainerLayout = CONTAINERS[DEFAULT_CONTAINER]
 
     @property
     def repo_dir(self) -> Path:
@@ -77,14 +86,26 @@ def plan_gpu_repository(plan: BuildPlan, world: MpiWorld, tokenizer_dir: str,
 
 
 def plan_deploy(plan: BuildPlan, *, tokenizer_dir: str | None = None, triton_ports: TritonPorts = TritonPorts(),
-                serve_layout: ServeLayout = ServeLayout(), templates: Path | None = None) -> DeployPlan:
+                serve_layout: ServeLayout = ServeLayout(), templates: Path | None = None,
+                container: ContainerLayout = CONTAINERS[DEFAULT_CONTAINER]) -> DeployPlan:
     r = plan.request
     deploy_dir = r.model_dir / "deploy"
     world = plan_mpi_world(r)
-    models = plan_gpu_repository(plan, world, tokenizer_dir or r.model_source, templates)
+    tokenizer = tokenizer_dir or r.model_source
+    models = plan_gpu_repository(plan, world, tokenizer, templates)
     files = {TRITON_LAUNCH: render_triton_launch(plan, world, deploy_dir / REPO_DIR, triton_ports)}
     files.update(render_serve_files(plan, world, serve_layout, SERVE_DIR))
-    return DeployPlan(deploy_dir, world, models, files)
+    files.update(render_container_files(plan, world, container, deploy_dir, triton_ports, serve_layout,
+                                        worker_commands(plan, world, serve_layout, "."), tokenizer))
+    return DeployPlan(deploy_dir, world, models, files, container)
+
+
+def write_python_package(target: Path) -> Path:
+    """Copies trtpd's python source (no caches, no tests) to target/trtpd for the python models."""
+    source = Path(trtpd.__file__).resolve().parent
+    dest = target / "trtpd"
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return dest
 
 
 def write_deploy(deploy: DeployPlan, *, force: bool = False, templates: Path | None = None) -> Path:
@@ -92,6 +113,7 @@ def write_deploy(deploy: DeployPlan, *, force: bool = False, templates: Path | N
     target = deploy.deploy_dir
     with staged_folder(target, overwrite=force) as staging:
         render_repository(deploy.models, staging / REPO_DIR, templates=templates, overwrite=True)
+        write_python_package(staging / PYTHON_DIR)
         for rel, text in deploy.files.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from trtpd.build.mpi_world import MpiWorld
 from trtpd.build.options import check_keys, require_valid
+from trtpd.build.options_table import required_backend_parameters
 from trtpd.build.plan import BuildPlan, RolePlan
+from trtpd.errors import ConfigError
 from trtpd.repo.render import ModelPlan
 
 ROLE_TEMPLATE = "tensorrtllm"
@@ -46,7 +48,16 @@ def role_parameters(plan: BuildPlan, role: RolePlan, world: MpiWorld) -> dict[st
         "participant_ids": world.participant_ids(s.role),
         "gpu_device_ids": world.gpu_device_ids(s.role),
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+        # read with no fallback by getGuidedDecodingConfigFromParams: present, and empty because guided
+        # decoding is off (the C++ path ignores tokenizer_dir anyway and logs that it does)
+        "tokenizer_dir": "",
+        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "",
     }
+    missing = [k for k in required_backend_parameters() if k not in params]
+    if missing:
+        raise ConfigError(f"{s.role} config.pbtxt would lack {', '.join(missing)}, which the tensorrtllm backend "
+                          f"reads with no fallback (options_table.BACKEND_PARAMETERS)")
     require_valid(check_keys("tensorrtllm-config", params), f"{s.role} config.pbtxt parameters")
     return params
 

@@ -20,6 +20,7 @@ from trtpd.build.plan import BuildPlan
 from trtpd.build.versions import PINNED
 
 ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "0"}
+PYTHON_DIR = "python"       # the deploy folder's copy of trtpd, for the python models (deploy.write_python_package)
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,10 @@ def rank_args(rank: int, repo: Path, ports: TritonPorts, role_models: list[str])
 
 
 def mpirun_lines(world: MpiWorld, repo: Path, ports: TritonPorts, role_models: list[str]) -> list[str]:
-    head = [("--allow-run-as-root", None)] + [("-x", name) for name in ORCHESTRATOR_ENV]
+    head = [("--allow-run-as-root", None)] + [("-x", name) for name in (*ORCHESTRATOR_ENV, "PYTHONPATH")]
     require_valid(check_args("mpirun", head + [("-n", "1")]), "mpirun command")
-    require_valid(check_keys("env", ORCHESTRATOR_ENV), "launch environment")
+    require_valid(check_keys("env", {**ORCHESTRATOR_ENV, "PYTHONPATH": f"{repo.parent}/{PYTHON_DIR}"}),
+                  "launch environment")
     lines = ["mpirun " + " ".join(f if v is None else f"{f} {v}" for f, v in head)]
     for rank in range(world.world_size):
         args = " ".join(f if v is None else f"{f}={shlex.quote(v)}" for f, v in rank_args(rank, repo, ports, role_models))
@@ -83,8 +85,19 @@ def render_triton_launch(plan: BuildPlan, world: MpiWorld, repo: Path, ports: Tr
         "# executor shares this world and OpenMPI must be CUDA-aware and built with UCX.",
         "# Worker ranks get rank 0's ports, as launch_triton_server.py does: they stay in the executor",
         "# worker loop while loading their models and never open endpoints.",
+        "# TensorRT-LLM 1.2.1 has no KV-transfer timeout or buffer setting on this path (the backend hard-codes",
+        "# the MPI transceiver): if a rank dies, mpirun ends the whole world, so rerun this script; if one hangs,",
+        "# kill and rerun it. Use deploy/trtllm-serve for a finite kv_transfer_timeout_ms (trtpd lint explains).",
         "set -euo pipefail",
         exports,
+        'DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        "# The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving; the container has no",
+        f"# trtpd, so the copy in {PYTHON_DIR}/ goes on PYTHONPATH, which every rank's python-backend stub inherits.",
+        f'if [ ! -f "$DEPLOY_DIR/{PYTHON_DIR}/trtpd/serving/bls_model.py" ]; then',
+        f'  echo "launch_triton.sh: $DEPLOY_DIR/{PYTHON_DIR}/trtpd is missing; rerun trtpd build --configs-only" >&2',
+        "  exit 1",
+        "fi",
+        f'export PYTHONPATH="$DEPLOY_DIR/{PYTHON_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"',
         f"exec {body}",
         "",
     ])

@@ -28,6 +28,8 @@ def check_value(option: TrtllmOption, value: object) -> str | None:
         if option.min_value is not None and number < option.min_value:
             return f"{where} must be >= {option.min_value:g}, got {text}"
         return None
+    if option.empty_ok and text == "":
+        return None
     if option.allowed is not None and text not in option.allowed:
         return f"{where} must be one of {', '.join(option.allowed)}; got {text!r}"
     if not text:

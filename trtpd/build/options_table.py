@@ -10,6 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The parameter table of the 1.2.1 tensorrtllm backend (each key, where the backend reads it, whether it has a
+# fallback) is part of this table; its data lives in trtpd.lint.backend_parameters because the repository lint
+# checks hand-edited repositories against it, and lint importing build would close a build<->lint cycle.
+from trtpd.lint.backend_parameters import BACKEND_PARAMETERS, BackendParameter, required_backend_parameters
+
+__all__ = ["BACKEND_PARAMETERS", "OPTIONS", "TOOLS", "BackendParameter", "TrtllmOption", "options_for",
+           "required_backend_parameters"]
+
 
 @dataclass(frozen=True)
 class TrtllmOption:
@@ -21,6 +29,7 @@ class TrtllmOption:
     source: str = ""
     deprecated: str | None = None        # why it must not be emitted, and what to use instead
     min_value: float | None = None
+    empty_ok: bool = False               # "" is a valid value (an unused parameter the backend still reads)
 
 
 _SW = ("enable", "disable")
@@ -35,6 +44,11 @@ _SERVE = "trtllm-1.2.md §2.3; TensorRT-LLM tensorrt_llm/commands/serve.py@4c05a
 _LLMARGS = "trtllm-1.2.md §1.3; TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (id 1090804222)"
 _CTC = "trtllm-1.2.md §2.1; TensorRT-LLM tensorrt_llm/llmapi/llm_args.py CacheTransceiverConfig (id 1090804222)"
 _DISAGG = "trtllm-1.2.md §2.3; TensorRT-LLM tensorrt_llm/llmapi/disagg_utils.py@0228a71"
+_GUIDED = ("trtllm-1.2.md §6; TensorRT-LLM triton_backend/inflight_batcher_llm/src/model_instance_state.cc@0c8de69 "
+           "ModelInstanceState::getGuidedDecodingConfigFromParams (read with no try/catch)")
+_UCX = ("trtllm-1.2.md §5-6; TensorRT-LLM docs/source/advanced/disaggregated-service.md@295c31f (UCX_MEMTYPE_CACHE=n, "
+        "#2518) and tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py create_kv_cache_transceiver (UCX log "
+        "line: devices not in one NVLink domain -> UCX_CUDA_IPC_ENABLE_MNNVL=n, UCX_RNDV_SCHEME=put_zcopy)")
 
 _DTYPES = ("auto", "float16", "float32", "bfloat16", "int32", "disable")
 
@@ -114,6 +128,10 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("tensorrtllm-config", "enable_context_fmha_fp32_acc", "bool", ("true", "false"), "false", _PBTXT),
     TrtllmOption("tensorrtllm-config", "kv_cache_onboard_blocks", "bool", ("true", "false"), "true", _PBTXT),
     TrtllmOption("tensorrtllm-config", "FORCE_CPU_ONLY_INPUT_TENSORS", "enum", ("no",), "no", _PBTXT),
+    TrtllmOption("tensorrtllm-config", "tokenizer_dir", "str", None, "", _GUIDED, empty_ok=True),
+    TrtllmOption("tensorrtllm-config", "guided_decoding_backend", "enum", ("", "xgrammar"), "", _GUIDED,
+                 empty_ok=True),
+    TrtllmOption("tensorrtllm-config", "xgrammar_tokenizer_info_path", "str", None, "", _GUIDED, empty_ok=True),
     TrtllmOption("tensorrtllm-config", "worker_path", "path", None, None, _PBTXT,
                  deprecated="rejected by the backend; executor_worker_path is hard-coded"),
     # One MPI world for the Triton C++ backend (orchestrator + context + generation ranks)
@@ -130,6 +148,13 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("tritonserver", "--load-model", "str", None, None, _LAUNCH),
     TrtllmOption("env", "TRTLLM_ORCHESTRATOR", "enum", ("1",), None, _LAUNCH),
     TrtllmOption("env", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES", "enum", ("0", "1"), None, _LAUNCH),
+    TrtllmOption("env", "PYTHONPATH", "path", None, None,
+                 "trtllm-1.2.md §6 (neither container has trtpd); the python-backend stub inherits tritonserver's "
+                 "environment, so trtpd's deploy/python copy is put on PYTHONPATH"),
+    # UCX for the trtllm-serve KV transceiver (cache_transceiver_config.backend UCX, or NIXL over UCX)
+    TrtllmOption("env", "UCX_MEMTYPE_CACHE", "enum", ("n", "y"), "y", _UCX),
+    TrtllmOption("env", "UCX_CUDA_IPC_ENABLE_MNNVL", "enum", ("n", "y"), None, _UCX),
+    TrtllmOption("env", "UCX_RNDV_SCHEME", "enum", ("put_zcopy", "get_zcopy", "auto"), "auto", _UCX),
     # trtllm-serve workers and the disaggregated router
     TrtllmOption("trtllm-serve", "--tokenizer", "path", None, None, _SERVE),
     TrtllmOption("trtllm-serve", "--host", "str", None, "localhost", _SERVE),

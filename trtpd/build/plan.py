@@ -108,6 +108,11 @@ def build_step(r: BuildRequest, spec: RoleSpec, engine_dir: Path) -> Step:
     flags = dict(r.build_flags)
     flags["gemm_plugin"] = "disable" if r.fp8 else flags.get("gemm_plugin", "auto")
     flags["use_fp8_context_fmha"] = "enable" if r.fp8 else "disable"
+    if flags["gemm_plugin"] == "disable" and "opt_num_tokens" not in flags:
+        # Without the GEMM plugin TensorRT picks GEMM tactics per optimization profile; TensorRT-LLM's perf
+        # guidance recommends --multiple_profiles "especially when GEMM plugin is disabled" (trtllm-1.2.md §6).
+        # It is incompatible with --opt_num_tokens (RuntimeError in build.py), hence the guard.
+        flags.setdefault("multiple_profiles", "enable")
     args: Args = (
         ("--checkpoint_dir", str(checkpoint_dir(r, spec))), ("--output_dir", str(engine_dir)),
         ("--max_batch_size", str(spec.max_batch_size)), ("--max_input_len", str(spec.max_input_len)),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from trtpd.build.deploy import REPO_DIR, DeployPlan
+from trtpd.build.launch import PYTHON_DIR
+from trtpd.build.serve_config import transfer_buffer_tokens
 from trtpd.schema.manifest import MANIFEST_NAME
 from trtpd.build.plan import BuildPlan
 from trtpd.build.versions import PINNED
@@ -27,8 +29,11 @@ def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) ->
     w = deploy.world
     lines.append(f"  MPI world (Triton tensorrtllm backend): {w.world_size} ranks = 1 orchestrator + "
                  + " + ".join(f"{sum(len(i.ranks) for i in w.instances(s.role))} {s.role}" for s in r.roles))
-    lines.append(f"  trtllm-serve KV transfer: {r.transceiver_backend}, max_tokens_in_buffer {r.max_input_len}, "
+    lines.append(f"  trtllm-serve KV transfer: {r.transceiver_backend}, max_tokens_in_buffer "
+                 f"{transfer_buffer_tokens(r.max_input_len, r.tokens_per_block)}, "
                  f"kv_transfer_timeout_ms {r.kv_transfer_timeout_ms}")
+    c = deploy.container
+    lines.append(f"  container: {c.name} ({c.image}), TensorRT-LLM examples in {r.examples_dir}")
     for warning in r.warnings:
         lines.append(f"  warning: {warning}")
     lines.append("")
@@ -44,6 +49,7 @@ def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) ->
         lines.append(f"  {deploy.deploy_dir / REPO_DIR / model.name / 'config.pbtxt'}")
     for rel in sorted(deploy.files):
         lines.append(f"  {deploy.deploy_dir / rel}")
+    lines.append(f"  {deploy.deploy_dir / PYTHON_DIR / 'trtpd'}/ (trtpd's source, imported by the python models)")
     lines.append("")
     lines.extend(f.format() for f in findings)
     lines.append(summary(findings))

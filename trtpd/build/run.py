@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtpd.build.check import lint_plan, preview_repository
+from trtpd.build.containers import ContainerLayout, choose_container, require_examples
 from trtpd.build.deploy import DeployPlan, plan_deploy, write_deploy
 from trtpd.build.environment import BuildEnvironment, detect, require_runnable
 from trtpd.build.execute import Report, Runner, SubprocessRunner, execute_plan
@@ -32,11 +33,12 @@ class PreparedBuild:
 
 
 def prepare(request: BuildRequest, *, tokenizer_dir: str | None = None, triton_ports: TritonPorts = TritonPorts(),
-            serve_layout: ServeLayout = ServeLayout(), templates: Path | None = None) -> PreparedBuild:
+            serve_layout: ServeLayout = ServeLayout(), templates: Path | None = None,
+            container: ContainerLayout | None = None) -> PreparedBuild:
     """Plans and lints everything in memory; raises ConfigError when the lint finds errors."""
     plan = plan_build(request)
     deploy = plan_deploy(plan, tokenizer_dir=tokenizer_dir, triton_ports=triton_ports, serve_layout=serve_layout,
-                         templates=templates)
+                         templates=templates, container=container or choose_container("triton-25.12"))
     configs = preview_repository(deploy, templates)
     findings = lint_plan(plan, deploy, configs)
     if errors(findings):
@@ -71,6 +73,8 @@ def run_build(prepared: PreparedBuild, *, report: Report, runner: Runner | None 
     env = environment or detect()
     request = prepared.plan.request
     require_runnable(env, max(s.gpus_per_instance for s in request.roles))
+    scripts = sorted({role.checkpoint_step.program[-1] for role in prepared.plan.roles})
+    require_examples(prepared.deploy.container, request.examples_dir, scripts)
     versions = {"tensorrt_llm_installed": env.trtllm_version or "none"}
     if env.gpu_names:
         versions["gpu"] = env.gpu_names[0]

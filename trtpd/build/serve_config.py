@@ -21,6 +21,14 @@ from trtpd.build.plan import BuildPlan, RolePlan
 from trtpd.build.versions import PINNED
 
 SERVER_START_TIMEOUT_S = 900        # loading a 70B engine on every rank takes minutes, not 180 s
+
+# UCX settings for the KV transceiver, each with its source (options_table._UCX):
+#   UCX_MEMTYPE_CACHE=n: TensorRT-LLM's disaggregated-service doc (NVIDIA/TensorRT-LLM#2518): UCX's memory-type
+#     cache misdetects CUDA buffers; off is the documented setting.
+#   UCX_CUDA_IPC_ENABLE_MNNVL=n, UCX_RNDV_SCHEME=put_zcopy: kv_cache_transceiver.py create_kv_cache_transceiver logs
+#     them for devices not in one NVLink domain (hangs, cuMemImportFromShareableHandle errors); one node without
+#     multi-node NVLink is such a case, so trtpd sets both. On a GB200 NVL72 domain set UCX_CUDA_IPC_ENABLE_MNNVL=y.
+UCX_ENV = {"UCX_MEMTYPE_CACHE": "n", "UCX_CUDA_IPC_ENABLE_MNNVL": "n", "UCX_RNDV_SCHEME": "put_zcopy"}
 ROUTER_SECTION = {"prefill": "context_servers", "decode": "generation_servers"}
 
 
@@ -54,7 +62,8 @@ def role_llm_options(plan: BuildPlan, role: RolePlan) -> dict:
     options: dict = {
         "kv_cache_config": {"enable_block_reuse": s.enable_kv_cache_reuse,
                             "free_gpu_memory_fraction": s.kv_cache_free_gpu_mem_fraction},
-        "cache_transceiver_config": {"backend": r.transceiver_backend, "max_tokens_in_buffer": r.max_input_len,
+        "cache_transceiver_config": {"backend": r.transceiver_backend,
+                                     "max_tokens_in_buffer": transfer_buffer_tokens(r.max_input_len, r.tokens_per_block),
                                      "kv_transfer_timeout_ms": r.kv_transfer_timeout_ms},
         "enable_chunked_prefill": s.enable_chunked_context,
     }
@@ -64,6 +73,13 @@ def role_llm_options(plan: BuildPlan, role: RolePlan) -> dict:
                                                         "multi_block_mode": s.multi_block_mode}
     require_valid(check_keys("llm-api-options", options), f"{s.role} extra_llm_api_options")
     return options
+
+
+def transfer_buffer_tokens(max_prompt_tokens: int, tokens_per_block: int) -> int:
+    """Strictly above the longest prompt, by one KV block: equal is not enough under sustained load (Dynamo's
+    TensorRT-LLM known issues, "KV Cache Exhaustion Causing Worker Deadlock": max_tokens_in_buffer must exceed
+    the maximum ISL)."""
+    return max_prompt_tokens + tokens_per_block
 
 
 def worker_commands(plan: BuildPlan, world: MpiWorld, layout: ServeLayout, options_dir: str) -> list[WorkerCommand]:
@@ -111,8 +127,9 @@ def render_serve_files(plan: BuildPlan, world: MpiWorld, layout: ServeLayout, fo
             f"extra_llm_api_options for the {s.role} servers of {r.model.name}. {stamp}",
             f"KV reuse is {'on' if s.enable_kv_cache_reuse else 'off'}"
             + (" (must be off on the context side: NVIDIA/TensorRT-LLM#12542)." if s.role == "prefill" else "."),
-            f"max_tokens_in_buffer = longest prompt ({r.max_input_len} tokens); kv_transfer_timeout_ms is finite so",
-            "a lost peer frees the request. KV dtype and tokens_per_block come from the engine, not from here.",
+            f"max_tokens_in_buffer = longest prompt ({r.max_input_len} tokens) + one block: it must exceed the longest",
+            "prompt (Dynamo's TensorRT-LLM known issues). kv_transfer_timeout_ms is finite so a lost peer frees the",
+            "request. KV dtype and tokens_per_block come from the engine, not from here.",
         ], role_llm_options(plan, role))
     workers = worker_commands(plan, world, layout, ".")
     files[f"{folder}/disagg.yaml"] = _yaml([
@@ -121,7 +138,11 @@ def render_serve_files(plan: BuildPlan, world: MpiWorld, layout: ServeLayout, fo
     ], router_config(workers, layout))
     lines = ["#!/usr/bin/env bash", f"# trtllm-serve disaggregated deployment of {r.model.name}. {stamp}",
              f"# KV transfer: {r.transceiver_backend} (cache_transceiver_config in prefill.yaml/decode.yaml).",
-             "set -euo pipefail", 'cd "$(dirname "$0")"']
+             "set -euo pipefail", 'cd "$(dirname "$0")"',
+             "# UCX for the KV transceiver (sources in trtpd/build/serve_config.py UCX_ENV); on a multi-node NVLink",
+             "# domain (GB200 NVL72) set UCX_CUDA_IPC_ENABLE_MNNVL=y instead."]
+    require_valid(check_keys("env", UCX_ENV), "trtllm-serve launch environment")
+    lines += [f"export {k}=${{{k}:-{v}}}" for k, v in UCX_ENV.items()]
     for w in workers:
         lines.append(w.shell(f"{w.role}-{w.index}.log"))
     router = [("-c", "disagg.yaml"), ("-t", str(SERVER_START_TIMEOUT_S)), ("-r", "180")]

@@ -140,7 +140,7 @@ def _role_spec(role: str, recipe: RoleRecipe, o: BuildOverrides, spec: ModelSpec
 
 def make_request(model: str, recipes: Recipes, overrides: BuildOverrides | None = None, *,
                  engines_dir: Path = Path("engines"), hf_model: str | None = None,
-                 examples_dir: str = "/app/tensorrt_llm/examples", gpus_per_node: int = 8,
+                 examples_dir: str = "/app/examples", gpus_per_node: int = 8,
                  gpu_memory_gib: float = 80.0) -> BuildRequest:
     """Resolves `model` (catalog name or HF folder) and validates every size; raises ConfigError."""
     o = overrides or BuildOverrides()

@@ -16,8 +16,8 @@ class StackVersions:
     tensorrt_llm: str = "1.2.1"
     triton_container: str = "25.12"
     tensorrt: str = "10.14.1.48"
-    # Where the container keeps TensorRT-LLM's examples (quantize.py, convert_checkpoint.py).
-    trtllm_examples_dir: str = "/app/tensorrt_llm/examples"
+    # Where the Triton 25.12 trtllm container keeps TensorRT-LLM's examples; both layouts: build/containers.py.
+    trtllm_examples_dir: str = "/app/examples"
     tritonserver_bin: str = "/opt/tritonserver/bin/tritonserver"
 
     def as_dict(self) -> dict[str, str]:

@@ -17,7 +17,7 @@ _TP_LIKE = ("prefill_tp", "decode_tp", "prefill_pp", "decode_pp", "prefill_insta
 REFERENCE_DEFAULTS = {"tokens_per_block": 32, "max_input_len": 2048, "max_output_len": 512}
 TENSORRTLLM_ONLY = ("prefill_max_batch_size", "decode_max_batch_size", "prefill_max_num_tokens",
                     "decode_max_num_tokens", "kv_transfer_timeout_ms", "hf_model", "tokenizer_dir", "trtllm_examples",
-                    "gpus_per_node", "gpu_memory_gib", "transport", "http_port", "grpc_port", "metrics_port",
+                    "gpus_per_node", "gpu_memory_gib", "transport", "container", "http_port", "grpc_port", "metrics_port",
                     "router_port", "first_worker_port", "recipes", "configs_only")
 
 
@@ -46,8 +46,13 @@ def register(subparsers) -> None:
     p.add_argument("--hf-model", default=None,
                    help="HF id or folder given to quantize.py --model_dir (default: the catalog's HF id, or --model)")
     p.add_argument("--tokenizer-dir", default=None, help="tokenizer for pre/post-processing (default: --hf-model)")
-    p.add_argument("--trtllm-examples", default=PINNED.trtllm_examples_dir,
-                   help="TensorRT-LLM examples folder holding quantization/quantize.py")
+    p.add_argument("--container", choices=("auto", "triton-25.12", "trtllm-1.2.1"), default=None,
+                   help="the container the build and the deployment run in: triton-25.12 "
+                        "(nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3, examples in /app/examples) or "
+                        "trtllm-1.2.1 (nvcr.io/nvidia/tensorrt-llm/release:1.2.1, /app/tensorrt_llm/examples); "
+                        "auto (default) detects it from the examples folder, else triton-25.12")
+    p.add_argument("--trtllm-examples", default=None,
+                   help="TensorRT-LLM examples folder holding quantization/quantize.py (default: the container's)")
     p.add_argument("--gpus-per-node", type=a.positive_int, default=8, help="GPUs per node")
     p.add_argument("--gpu-memory-gib", type=a.positive_float, default=80.0, help="per GPU; used by tp_size: auto")
     p.add_argument("--transport", choices=("ucx", "nixl"), default=None,
@@ -98,6 +103,7 @@ def run(args) -> int:
 
 
 def _run_tensorrtllm(args, fp8, dtype) -> int:
+    from trtpd.build.containers import choose_container
     from trtpd.build.environment import detect, require_runnable
     from trtpd.build.launch import TritonPorts
     from trtpd.build.recipe import load_recipes
@@ -105,14 +111,17 @@ def _run_tensorrtllm(args, fp8, dtype) -> int:
     from trtpd.build.serve_config import ServeLayout
     from trtpd.build.spec import BuildOverrides, make_request
 
+    container = choose_container(args.container or "auto")
     values = {f.replace("-", "_"): getattr(args, f.replace("-", "_")) for f in _INT_FLAGS}
     overrides = BuildOverrides(**values, fp8=fp8, weights_dtype=dtype, transceiver_backend=args.transport)
     request = make_request(args.model, load_recipes(args.recipes), overrides, engines_dir=args.engines_dir.resolve(),
-                           hf_model=args.hf_model, examples_dir=args.trtllm_examples,
+                           hf_model=args.hf_model,
+                           examples_dir=args.trtllm_examples or container.examples_dir,
                            gpus_per_node=args.gpus_per_node, gpu_memory_gib=args.gpu_memory_gib)
     prepared = prepare(request, tokenizer_dir=args.tokenizer_dir,
                        triton_ports=TritonPorts(args.http_port, args.grpc_port, args.metrics_port),
-                       serve_layout=ServeLayout(router_port=args.router_port, first_worker_port=args.first_worker_port))
+                       serve_layout=ServeLayout(router_port=args.router_port, first_worker_port=args.first_worker_port),
+                       container=container)
     if args.dry_run:
         print(prepared.text(), end="")
         print("dry run: nothing was written")

@@ -13,7 +13,7 @@ from trtpd.lint.engine_pair import lint_engine_pair
 from trtpd.lint.findings import Finding
 from trtpd.lint.ports import lint_ports
 from trtpd.lint.repository import lint_repository
-from trtpd.lint.serve_configs import lint_serve_configs, load_yaml, router_ports
+from trtpd.lint.serve_configs import lint_serve_configs, lint_serve_launch, load_yaml, router_ports
 
 _TRITON_PORT = re.compile(r"--(http|grpc|metrics)-port[= ](\d+)")
 
@@ -58,13 +58,23 @@ def triton_ports(script_text: str) -> dict[str, int]:
     return ports
 
 
+_DECODE_TOKENS = re.compile(r"--max_num_tokens (\d+)[^\n]*decode\.yaml")
+
+
+def decode_worker_num_tokens(launch_script: str) -> int | None:
+    """The smallest --max_num_tokens among the decode servers of a trtllm-serve launch.sh, if any."""
+    found = [int(n) for n in _DECODE_TOKENS.findall(launch_script)]
+    return min(found) if found else None
+
+
 def lint_deployment(paths: DeploymentPaths, *, max_prompt_tokens: int | None = None,
                     max_output_tokens: int | None = None, check_ports_free: bool = True,
                     host: str = "127.0.0.1") -> list[Finding]:
     findings: list[Finding] = []
-    prompt = max_prompt_tokens
+    prompt, decode_num_tokens = max_prompt_tokens, None
     if paths.prefill_manifest and paths.decode_manifest:
         prefill, decode = load_manifest(paths.prefill_manifest), load_manifest(paths.decode_manifest)
+        decode_num_tokens = decode.build_config.max_num_tokens
         prompt = prompt if prompt is not None else prefill.build_config.max_input_len
         findings += lint_engine_pair(prefill, decode, max_prompt_tokens=prompt, max_output_tokens=max_output_tokens)
     elif paths.prefill_manifest or paths.decode_manifest:
@@ -78,11 +88,16 @@ def lint_deployment(paths: DeploymentPaths, *, max_prompt_tokens: int | None = N
             raise ConfigError("linting trtllm-serve configs needs the longest prompt: pass --max-prompt-tokens "
                               "or the engine manifests")
         s = paths.serve_dir
+        launch = (s / "launch.sh").read_text() if (s / "launch.sh").is_file() else ""
+        if decode_num_tokens is None:
+            decode_num_tokens = decode_worker_num_tokens(launch)
         router = load_yaml(s / "disagg.yaml") if (s / "disagg.yaml").is_file() else None
         findings += lint_serve_configs(load_yaml(s / "prefill.yaml"), load_yaml(s / "decode.yaml"), router,
-                                       max_prompt_tokens=prompt,
+                                       max_prompt_tokens=prompt, decode_max_num_tokens=decode_num_tokens,
                                        sources={k: str(s / f"{n}.yaml") for k, n in
                                                 (("prefill", "prefill"), ("decode", "decode"), ("router", "disagg"))})
         if router is not None:
             findings += lint_ports(router_ports(router), host=host, check_free=check_ports_free)
+        if launch:
+            findings += lint_serve_launch(launch, source=str(s / "launch.sh"))
     return findings

@@ -60,6 +60,7 @@ def lint_engine_pair(prefill: EngineManifest, decode: EngineManifest, *, max_pro
                                 f"but requests reach a {prompt}-token prompt + {output} output tokens",
                                 f"rebuild the decode engine with --max-input-len >= {prompt} and max_seq_len >= "
                                 f"{prompt + output}"))
+    findings += [f for m in (prefill, decode) for f in lint_multiple_profiles(m)]
     for role, m in (("prefill", prefill), ("decode", decode)):
         if m.status != "complete":
             severity = "error" if m.status == "failed" else "warning"
@@ -67,6 +68,22 @@ def lint_engine_pair(prefill: EngineManifest, decode: EngineManifest, *, max_pro
                                     f"engine {m.folder_name} is {m.status!r}" + (f" ({m.error})" if m.error else ""),
                                     "run trtpd build on a machine with TensorRT-LLM 1.2.x and GPUs"))
     return findings
+
+
+def lint_multiple_profiles(m: EngineManifest) -> list[Finding]:
+    """FP8 with the GEMM plugin off: TensorRT picks GEMM tactics per profile, and upstream's perf guidance
+    recommends --multiple_profiles enable "especially when GEMM plugin is disabled" (trtllm-1.2.md §6)."""
+    build = next((s.argv for s in m.steps if s.name == "trtllm-build"), None)
+    if build is None or m.inputs.quantization != "fp8":
+        return []
+    flags = {build[i]: build[i + 1] for i in range(len(build) - 1) if build[i].startswith("--")}
+    gemm_off = flags.get("--gemm_plugin", "disable") == "disable"
+    if not gemm_off or flags.get("--multiple_profiles") == "enable":
+        return []
+    return [Finding("multiple-profiles", "warning", f"{m.role} trtllm-build --multiple_profiles",
+                    f"engine {m.folder_name} is FP8 with the GEMM plugin disabled but built without multiple "
+                    f"optimization profiles, so one profile's GEMM tactics serve every batch shape",
+                    "rebuild with --multiple_profiles enable (and no --opt_num_tokens, which it rejects)")]
 
 
 def check_pair(prefill: Path, decode: Path) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Severity = Literal["error", "warning"]
+Severity = Literal["error", "warning", "info"]     # info: a limit of the stack to know, not a fault
 
 # rule id -> what it checks. Every rule has a firing and a quiet test in tests/unit/lint/.
 RULES: dict[str, str] = {
@@ -30,6 +30,11 @@ RULES: dict[str, str] = {
     "model-name-folder": "every config.pbtxt name equals its folder",
     "model-config": "every config.pbtxt parses as Triton's ModelConfig",
     "ports": "ports are distinct and free",
+    "backend-parameters": "every parameter the 1.2.1 tensorrtllm backend reads with no fallback is present",
+    "decode-num-tokens": "decode max_num_tokens holds the longest prompt, or chunked context is on",
+    "multiple-profiles": "FP8 engines built with the GEMM plugin disabled use --multiple_profiles enable",
+    "ucx-env": "the trtllm-serve launch sets the UCX variables upstream recommends",
+    "mpi-transfer-limits": "the Triton MPI path has no KV-transfer timeout or buffer setting (what to do instead)",
 }
 
 
@@ -55,4 +60,6 @@ def errors(findings: list[Finding]) -> list[Finding]:
 
 def summary(findings: list[Finding]) -> str:
     n_err = len(errors(findings))
-    return f"lint: {n_err} error(s), {len(findings) - n_err} warning(s)"
+    n_info = sum(1 for f in findings if f.severity == "info")
+    text = f"lint: {n_err} error(s), {len(findings) - n_err - n_info} warning(s)"
+    return text + (f", {n_info} note(s)" if n_info else "")

@@ -1,8 +1,10 @@
 """A rendered Triton model repository (GPU or reference) and its MPI launch script.
 
 Every repository: placeholders filled, config.pbtxt parses as ModelConfig, names equal folders.
-Models on the `tensorrtllm` backend additionally: KV reuse off on the context model, participant_ids
-disjoint and sized TP*PP per instance, and the MPI world = all participants + orchestrator rank 0.
+Models on the `tensorrtllm` backend additionally: every parameter the 1.2.1 backend reads with no
+fallback is present (options_table.BACKEND_PARAMETERS), KV reuse off on the context model,
+participant_ids disjoint and sized TP*PP per instance, the MPI world = all participants + orchestrator
+rank 0, and the decode engine takes the longest prompt (max_num_tokens, or chunked context).
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from trtpd.schema.manifest import load_manifest
+from trtpd.schema.manifest import EngineManifest, load_manifest
 from trtpd.errors import ConfigError
+from trtpd.lint.backend_parameters import BACKEND_PARAMETERS
 from trtpd.lint.findings import Finding
 from trtpd.schema.id_groups import parse_id_groups
 from trtpd.schema.pbtxt import parameters, parse_model_config
@@ -22,8 +25,10 @@ _MPI_APP = re.compile(r"(?:^|\s)-n\s+(\d+)\s")
 
 
 def lint_model_configs(configs: Mapping[str, str], *, root: str = "", launch_world_size: int | None = None,
-                       launch_source: str = "launch script") -> list[Finding]:
-    """`configs` maps folder name -> config.pbtxt text."""
+                       launch_source: str = "launch script",
+                       manifests: Mapping[str, EngineManifest] | None = None) -> list[Finding]:
+    """`configs` maps folder name -> config.pbtxt text. `manifests` (folder -> manifest) stands in for
+    the manifests at each role model's gpt_model_path, e.g. for engines that are only planned."""
     findings, parsed = [], {}
     for folder, text in sorted(configs.items()):
         source = f"{root}{folder}/config.pbtxt"
@@ -44,8 +49,77 @@ def lint_model_configs(configs: Mapping[str, str], *, root: str = "", launch_wor
         parsed[folder] = config
     role_models = {f: c for f, c in parsed.items() if c.backend == "tensorrtllm"}
     if role_models:
-        findings += _lint_role_models(parsed, role_models, root, launch_world_size, launch_source)
+        found = {f: _manifest_at(parameters(c).get("gpt_model_path", "")) for f, c in role_models.items()}
+        found.update(manifests or {})
+        findings += _lint_role_models(parsed, role_models, root, launch_world_size, launch_source, found)
+        findings += _lint_decode_num_tokens(parsed, role_models, root, found)
+        findings.append(mpi_transfer_note(sorted(role_models)))
     return findings
+
+
+def _manifest_at(engine_dir: str) -> EngineManifest | None:
+    if not engine_dir:
+        return None
+    try:
+        return load_manifest(Path(engine_dir))
+    except ConfigError:
+        return None
+
+
+def mpi_transfer_note(models: list[str]) -> Finding:
+    """What 1.2.1's Triton path cannot do, and what an operator does instead (trtllm-1.2.md §6)."""
+    return Finding(
+        "mpi-transfer-limits", "info", ", ".join(models),
+        "the tensorrtllm backend of TensorRT-LLM 1.2.1 hard-codes CacheTransceiverConfig(BackendType::MPI) "
+        "(model_instance_state.cc getExecutorConfigFromParams): there is no KV-transfer timeout, buffer size or "
+        "transport setting, so a transfer to a stuck peer waits without bound and holds its KV blocks",
+        "when a rank dies, OpenMPI's mpirun terminates the whole world, so restart launch_triton.sh (all ranks, "
+        "no single instance can rejoin); when a rank hangs instead, nothing frees the requests: give clients a "
+        "deadline, watch nv_trt_llm_disaggregated_serving_metrics and nv_trt_llm_request_metrics{request_type="
+        "\"waiting\"}, and kill and restart the world; for a finite kv_transfer_timeout_ms use the trtllm-serve "
+        "path (deploy/trtllm-serve)")
+
+
+def _longest_prompt(parsed, manifests, context: str) -> int | None:
+    for config in parsed.values():
+        value = parameters(config).get("max_input_len")
+        if value and value.isdigit():
+            return int(value)
+    prefill = manifests.get(context)
+    return prefill.build_config.max_input_len if prefill is not None else None
+
+
+def _lint_decode_num_tokens(parsed, role_models, root, manifests) -> list[Finding]:
+    """maxInputLen = min(max_seq_len - 1, max_num_tokens) without chunked context (trtGptModel.h), and
+    LlmRequest::validate rejects longer prompts, generation-only requests included (trtllm-1.2.md §6)."""
+    context = _context_model(parsed)
+    prompt = _longest_prompt(parsed, manifests, context)
+    findings = []
+    for folder in sorted(role_models):
+        manifest = manifests.get(folder)
+        if folder == context or manifest is None or prompt is None:
+            continue
+        params = parameters(role_models[folder])
+        chunked = params.get("enable_chunked_context", "false").lower() == "true"
+        num_tokens = manifest.build_config.max_num_tokens
+        if num_tokens < prompt and not chunked:
+            findings.append(Finding(
+                "decode-num-tokens", "error", f"{root}{folder}/config.pbtxt: enable_chunked_context",
+                f"the engine's max_num_tokens is {num_tokens} but prompts reach {prompt} tokens and chunked context "
+                f"is off, so the runtime caps input at {num_tokens} and rejects every longer generation-only request",
+                f"set enable_chunked_context to \"true\" (the engine has paged context FMHA), or rebuild {folder} "
+                f"with max_num_tokens >= {prompt}"))
+    return findings
+
+
+def lint_backend_parameters(folder: str, source: str, params: Mapping[str, str]) -> list[Finding]:
+    """A missing no-fallback key makes GetParameter throw and every instance (worker ranks too) fail to load."""
+    return [Finding("backend-parameters", "error", f"{source}: {p.name}",
+                    f"model {folder!r} lacks parameter {p.name!r}, which the 1.2.1 tensorrtllm backend reads with no "
+                    f"fallback ({p.reader}); the model fails to load with 'Cannot find parameter with name: {p.name}'",
+                    f"add parameters: {{ key: \"{p.name}\" value: {{ string_value: \"\" }} }} (empty when unused, as "
+                    f"upstream's template has it), or render the repository with trtpd")
+            for p in BACKEND_PARAMETERS if not p.has_fallback and p.name not in params]
 
 
 def _context_model(parsed) -> str:
@@ -56,12 +130,13 @@ def _context_model(parsed) -> str:
     return "prefill"
 
 
-def _lint_role_models(parsed, role_models, root, launch_world_size, launch_source) -> list[Finding]:
+def _lint_role_models(parsed, role_models, root, launch_world_size, launch_source, manifests) -> list[Finding]:
     findings, owner = [], {}
     context = _context_model(parsed)
     for folder, config in sorted(role_models.items()):
         source = f"{root}{folder}/config.pbtxt"
         params = parameters(config)
+        findings += lint_backend_parameters(folder, source, params)
         if folder == context and params.get("enable_kv_cache_reuse", "true").lower() != "false":
             findings.append(Finding("context-kv-reuse", "error", f"{source}: enable_kv_cache_reuse",
                                     f"{params.get('enable_kv_cache_reuse', 'unset (the backend defaults to true)')} "
@@ -79,7 +154,7 @@ def _lint_role_models(parsed, role_models, root, launch_world_size, launch_sourc
                                     "list the MPI ranks of each instance, e.g. \"1,2;3,4\" (mandatory in "
                                     "orchestrator mode with spawning disabled)"))
             continue
-        findings += _check_groups(folder, source, config, params, groups)
+        findings += _check_groups(folder, source, config, params, groups, manifests.get(folder))
         for rank in (r for g in groups for r in g):
             if rank == 0:
                 findings.append(Finding("participant-ids", "error", f"{source}: participant_ids",
@@ -94,7 +169,7 @@ def _lint_role_models(parsed, role_models, root, launch_world_size, launch_sourc
     return findings
 
 
-def _check_groups(folder, source, config, params, groups) -> list[Finding]:
+def _check_groups(folder, source, config, params, groups, manifest) -> list[Finding]:
     findings = []
     count = sum(g.count for g in config.instance_group) or 1
     if count != len(groups):
@@ -102,10 +177,6 @@ def _check_groups(folder, source, config, params, groups) -> list[Finding]:
                                 f"{len(groups)} group(s) for instance_group count {count}",
                                 "give one ';'-separated group of ranks per instance"))
     engine_dir = Path(params.get("gpt_model_path", ""))
-    try:
-        manifest = load_manifest(engine_dir) if params.get("gpt_model_path") else None
-    except ConfigError:
-        manifest = None
     if manifest is not None:
         size = manifest.build_config.tp_size * manifest.build_config.pp_size
         bad = [g for g in groups if len(g) != size]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,12 +29,16 @@ def lint_role_options(role: str, options: Mapping, *, max_prompt_tokens: int, so
     buffer = ctc.get("max_tokens_in_buffer")
     if buffer is None:
         findings.append(Finding("transfer-buffer", "warning", f"{source}: cache_transceiver_config.max_tokens_in_buffer",
-                                "unset; TensorRT-LLM recommends at least the longest prompt",
-                                f"set max_tokens_in_buffer: {max_prompt_tokens}"))
-    elif int(buffer) < max_prompt_tokens:
+                                "unset; it must exceed the longest prompt (Dynamo's TensorRT-LLM known issues: "
+                                "KV cache exhaustion deadlocks workers under sustained load)",
+                                f"set max_tokens_in_buffer above {max_prompt_tokens}, e.g. {max_prompt_tokens + 32}"))
+    elif int(buffer) <= max_prompt_tokens:
         findings.append(Finding("transfer-buffer", "error", f"{source}: cache_transceiver_config.max_tokens_in_buffer",
-                                f"{buffer} tokens is less than the longest prompt ({max_prompt_tokens})",
-                                f"set max_tokens_in_buffer: {max_prompt_tokens} or more"))
+                                f"{buffer} tokens is {'equal to' if int(buffer) == max_prompt_tokens else 'less than'} "
+                                f"the longest prompt ({max_prompt_tokens}); Dynamo's TensorRT-LLM known issues: below "
+                                f"or at the maximum ISL, transfers time out under sustained load and workers deadlock",
+                                f"set max_tokens_in_buffer above {max_prompt_tokens}, e.g. {max_prompt_tokens + 32} "
+                                f"(one KV block more)"))
     timeout = ctc.get("kv_transfer_timeout_ms")
     if timeout is None or int(timeout) <= 0:
         findings.append(Finding("transfer-timeout", "error", f"{source}: cache_transceiver_config.kv_transfer_timeout_ms",
@@ -45,6 +50,29 @@ def lint_role_options(role: str, options: Mapping, *, max_prompt_tokens: int, so
                                 "is sent and the decode side waits forever (NVIDIA/TensorRT-LLM#12542)",
                                 "set kv_cache_config.enable_block_reuse: false"))
     return findings
+
+
+def lint_decode_num_tokens(options: Mapping, *, max_num_tokens: int, max_prompt_tokens: int,
+                           source: str) -> list[Finding]:
+    """Without chunked prefill the runtime caps input at max_num_tokens (trtGptModel.h) and rejects longer
+    prompts, generation-only requests included (LlmRequest::validate; trtllm-1.2.md §6)."""
+    if max_num_tokens >= max_prompt_tokens or options.get("enable_chunked_prefill") is True:
+        return []
+    return [Finding("decode-num-tokens", "error", f"{source}: enable_chunked_prefill",
+                    f"decode max_num_tokens is {max_num_tokens} but prompts reach {max_prompt_tokens} tokens and "
+                    f"chunked prefill is {'unset' if 'enable_chunked_prefill' not in options else 'off'}, so every "
+                    f"longer generation-only request is rejected",
+                    f"set enable_chunked_prefill: true, or rebuild decode with max_num_tokens >= {max_prompt_tokens}")]
+
+
+def lint_serve_launch(script: str, *, source: str) -> list[Finding]:
+    """The UCX variables upstream recommends for the KV transceiver (sources: build/serve_config.py UCX_ENV)."""
+    wanted = {"UCX_MEMTYPE_CACHE": "n (TensorRT-LLM disaggregated-service doc, #2518)",
+              "UCX_CUDA_IPC_ENABLE_MNNVL": "n, or y on a multi-node NVLink domain (kv_cache_transceiver.py's UCX advice)"}
+    return [Finding("ucx-env", "warning", f"{source}: {name}",
+                    f"the launch does not set {name}; without it UCX transfers can hang or fail across NVLink domains",
+                    f"export {name}={value} before starting the servers")
+            for name, value in wanted.items() if not re.search(rf"(^|\s)(export\s+)?{name}=", script, re.M)]
 
 
 def lint_router(router: Mapping, *, source: str) -> list[Finding]:
@@ -70,12 +98,16 @@ def router_ports(router: Mapping) -> dict[str, int]:
 
 
 def lint_serve_configs(prefill_options: Mapping, decode_options: Mapping, router: Mapping | None, *,
-                       max_prompt_tokens: int, sources: Mapping[str, str] | None = None) -> list[Finding]:
+                       max_prompt_tokens: int, sources: Mapping[str, str] | None = None,
+                       decode_max_num_tokens: int | None = None) -> list[Finding]:
     names = {"prefill": "prefill.yaml", "decode": "decode.yaml", "router": "disagg.yaml", **(sources or {})}
     findings = lint_role_options("prefill", prefill_options, max_prompt_tokens=max_prompt_tokens,
                                  source=names["prefill"])
     findings += lint_role_options("decode", decode_options, max_prompt_tokens=max_prompt_tokens,
                                   source=names["decode"])
+    if decode_max_num_tokens is not None:
+        findings += lint_decode_num_tokens(decode_options, max_num_tokens=decode_max_num_tokens,
+                                           max_prompt_tokens=max_prompt_tokens, source=names["decode"])
     if router is not None:
         findings += lint_router(router, source=names["router"])
     return findings

@@ -14,6 +14,8 @@ from trtpd.build.execute import BuildStepError, execute_plan
 from trtpd.schema.manifest import load_manifest
 from trtpd.build.plan import plan_build
 from trtpd.build.run import prepare, run_build
+from trtpd.build.spec import BuildOverrides, make_request
+from trtpd.errors import ConfigError
 
 
 class FakeRunner:
@@ -119,11 +121,31 @@ def test_wrong_version_and_missing_gpus_are_refused():
     require_runnable(BuildEnvironment("1.2.0rc6.post2", ["H100"] * 4), 4)
 
 
-def test_run_build_writes_engines_and_deploy(request_for, tmp_path):
-    prepared = prepare(request_for(prefill_tp=2, decode_tp=4, engines_dir=tmp_path))
+def _examples(root: Path) -> str:
+    """A stand-in for the container's TensorRT-LLM examples folder."""
+    for script in ("quantization/quantize.py", "models/core/llama/convert_checkpoint.py"):
+        (root / script).parent.mkdir(parents=True, exist_ok=True)
+        (root / script).write_text("")
+    return str(root)
+
+
+def test_run_build_writes_engines_and_deploy(request_for, tmp_path, recipes):
+    request = make_request("llama-2-70b", recipes, BuildOverrides(prefill_tp=2, decode_tp=4), engines_dir=tmp_path,
+                           examples_dir=_examples(tmp_path / "examples"))
+    prepared = prepare(request)
     manifests = run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8),
                           runner=FakeRunner())
     assert [m.status for m in manifests] == ["complete", "complete"]
     deploy = tmp_path / "llama-2-70b" / "deploy"
     assert (deploy / "launch_triton.sh").stat().st_mode & 0o111
     assert (deploy / "model_repository" / "decode" / "config.pbtxt").is_file()
+    assert (deploy / "python" / "trtpd" / "serving" / "bls_model.py").is_file()
+    assert not list((deploy / "python").rglob("__pycache__"))
+
+
+def test_run_build_refuses_missing_examples_before_running_anything(request_for, tmp_path):
+    prepared = prepare(request_for(prefill_tp=2, decode_tp=4, engines_dir=tmp_path))
+    runner = FakeRunner()
+    with pytest.raises(ConfigError, match=r"/app/examples/quantization/quantize.py missing.*--container trtllm-1.2.1"):
+        run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8), runner=runner)
+    assert not (tmp_path / "llama-2-70b").exists()

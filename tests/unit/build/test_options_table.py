@@ -110,3 +110,28 @@ def test_every_emitted_flag_and_key_is_in_the_table(case, golden_cases, request_
     problems += check_keys("env", dict(re.findall(r"^export (\w+)=(\S+)$", files["launch_triton.sh"], re.M)))
     assert problems == []
     assert checked >= 5
+
+
+def test_backend_parameter_table_names_the_reader_of_each_key():
+    from trtpd.build.options_table import BACKEND_PARAMETERS, required_backend_parameters
+    names = [p.name for p in BACKEND_PARAMETERS]
+    assert len(names) == len(set(names))
+    for p in BACKEND_PARAMETERS:
+        assert p.reader.split("::")[0] in ("model_instance_state.cc", "model_state.cc"), p
+        assert "::" in p.reader and p.reader.split("::")[-1], p
+        assert p.has_fallback == bool(p.fallback), f"{p.name}: a fallback value iff it has one"
+    assert set(required_backend_parameters()) == {"gpt_model_type", "tokenizer_dir", "guided_decoding_backend",
+                                                  "xgrammar_tokenizer_info_path"}
+
+
+def test_every_no_fallback_parameter_is_a_key_trtpd_emits(request_for):
+    from trtpd.build.gpu_repo import role_parameters
+    from trtpd.build.mpi_world import plan_mpi_world
+    from trtpd.build.options_table import required_backend_parameters
+    from trtpd.build.plan import plan_build
+    plan = plan_build(request_for(prefill_tp=2, decode_tp=4))
+    for role in plan.roles:
+        params = role_parameters(plan, role, plan_mpi_world(plan.request))
+        assert set(required_backend_parameters()) <= set(params)
+        assert [params[k] for k in ("tokenizer_dir", "guided_decoding_backend", "xgrammar_tokenizer_info_path")] == \
+            ["", "", ""]

@@ -27,7 +27,7 @@ def manifest(role: str = "prefill", *, model: str = "llama-2-70b", status: str =
 
 def serve_options(role: str = "prefill", **ctc) -> dict:
     return {"kv_cache_config": {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.85},
-            "cache_transceiver_config": {"backend": "UCX", "max_tokens_in_buffer": 2048,
+            "cache_transceiver_config": {"backend": "UCX", "max_tokens_in_buffer": 2080,
                                          "kv_transfer_timeout_ms": 60000, **ctc}}
 
 

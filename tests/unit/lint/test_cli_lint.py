@@ -21,7 +21,8 @@ def built(tmp_path_factory):
 def test_lint_of_a_fresh_build_has_no_errors(built, capsys):
     assert main(["lint", str(built), "--no-port-check"]) == 0
     out = capsys.readouterr().out
-    assert "lint: 0 error(s), 2 warning(s)" in out          # engines are only planned
+    assert "lint: 0 error(s), 2 warning(s), 1 note(s)" in out          # engines are only planned
+    assert "[mpi-transfer-limits]" in out and "restart launch_triton.sh" in out
     assert out.count("[engine-status]") == 2
 
 
@@ -33,7 +34,7 @@ def test_discover_finds_every_part(built):
     assert paths.launch_script.name == "launch_triton.sh"
     assert paths.serve_dir.name == "trtllm-serve"
     findings = lint_deployment(paths, check_ports_free=False)
-    assert {f.rule for f in findings} == {"engine-status"}
+    assert {f.rule for f in findings} == {"engine-status", "mpi-transfer-limits"}
 
 
 def test_lint_from_two_manifests_reports_mismatch(make, tmp_path, capsys):
@@ -65,3 +66,15 @@ def test_list_rules(capsys):
 def test_nothing_to_lint_is_an_error(capsys):
     assert main(["lint"]) == 2
     assert "nothing to lint" in capsys.readouterr().err
+
+
+def test_serve_dir_alone_reads_decode_num_tokens_from_launch(tmp_path):
+    from trtpd.lint import DeploymentPaths
+    (tmp_path / "prefill.yaml").write_text("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 4096, "
+                                           "kv_transfer_timeout_ms: 60000}\nkv_cache_config: {enable_block_reuse: false}\n")
+    (tmp_path / "decode.yaml").write_text("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 4096, "
+                                          "kv_transfer_timeout_ms: 60000}\nenable_chunked_prefill: false\n")
+    (tmp_path / "launch.sh").write_text("export UCX_MEMTYPE_CACHE=n\nexport UCX_CUDA_IPC_ENABLE_MNNVL=n\n"
+                                        "trtllm-serve e --max_num_tokens 256 --extra_llm_api_options ./decode.yaml &\n")
+    findings = lint_deployment(DeploymentPaths(serve_dir=tmp_path), max_prompt_tokens=2048, check_ports_free=False)
+    assert [f.rule for f in findings] == ["decode-num-tokens"]

@@ -16,6 +16,8 @@ import pytest
 from trtpd.lint import (RULES, lint_engine_pair, lint_model_configs, lint_ports, lint_repository,
                         lint_serve_configs)
 from trtpd.lint.repository import launch_world_size
+from trtpd.lint.serve_configs import lint_serve_launch
+from trtpd.schema.manifest import StepRecord
 
 
 @dataclass
@@ -45,6 +47,21 @@ class Ctx:
         return lint_repository(work / "model_repository", launch_script=work / "launch_triton.sh")
 
 
+    def repo_configs(self, edits: list[tuple[str, str, str]] = (), **manifests):
+        """The rendered configs (edited in memory) linted with stand-in engine manifests."""
+        configs = {d.name: (d / "config.pbtxt").read_text() for d in (self.deploy / "model_repository").iterdir()}
+        for model, old, new in edits:
+            assert old in configs[model], f"{old!r} not in {model}"
+            configs[model] = configs[model].replace(old, new, 1)
+        return lint_model_configs(configs, manifests={k: self.make.manifest(k, **v) for k, v in manifests.items()})
+
+    def fp8_engine(self, *flags: str):
+        argv = ["trtllm-build", "--checkpoint_dir", "c", "--gemm_plugin", "disable", *flags]
+        m = self.make.manifest("decode")
+        return m.model_copy(update={"inputs": m.inputs.model_copy(update={"quantization": "fp8"}),
+                                    "steps": [StepRecord(name="trtllm-build", argv=argv, output_dir="e")]})
+
+
 def _occupied_port():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -66,6 +83,9 @@ def _no_reuse_key(c: Ctx):
     del opts["kv_cache_config"]["enable_block_reuse"]
     return c.serve(prefill=opts)
 
+
+_CHUNKED_ON = 'key: "enable_chunked_context"\n  value: {\n    string_value: "true"'
+_CHUNKED_OFF = 'key: "enable_chunked_context"\n  value: {\n    string_value: "false"'
 
 CASES = {
     "kv-dtype": (lambda c: c.pair(decode={"kv_dtype": "fp16"}), lambda c: c.pair()),
@@ -100,6 +120,18 @@ CASES = {
     "model-config": (lambda c: c.repo([("prefill", "max_batch_size: 4", "max_batch_size: four")]),
                      lambda c: c.repo()),
     "ports": (_ports_fire, lambda c: lint_ports({"http": 18000, "grpc": 18001}, check_free=False)),
+    "backend-parameters": (lambda c: c.repo([("decode", 'key: "tokenizer_dir"', 'key: "tokenizer_path"')]),
+                           lambda c: c.repo()),
+    "decode-num-tokens": (lambda c: c.repo_configs([("decode", _CHUNKED_ON, _CHUNKED_OFF)],
+                                                   decode={"max_num_tokens": 256}),
+                          lambda c: c.repo_configs(decode={"max_num_tokens": 256})),
+    "multiple-profiles": (lambda c: lint_engine_pair(c.make.manifest("prefill"), c.fp8_engine()),
+                          lambda c: lint_engine_pair(c.make.manifest("prefill"),
+                                                     c.fp8_engine("--multiple_profiles", "enable"))),
+    "ucx-env": (lambda c: lint_serve_launch("exec trtllm-serve disaggregated -c disagg.yaml\n", source="launch.sh"),
+                lambda c: lint_serve_launch("export UCX_MEMTYPE_CACHE=${UCX_MEMTYPE_CACHE:-n}\n"
+                                            "export UCX_CUDA_IPC_ENABLE_MNNVL=n\n", source="launch.sh")),
+    "mpi-transfer-limits": (lambda c: c.repo(), lambda c: c.pair()),
 }
 
 
@@ -127,20 +159,42 @@ def test_rule_quiet(rule, ctx):
     assert not [f for f in findings if f.rule == rule], [f.format() for f in findings]
 
 
+# keys the 1.2.1 backend reads with no fallback, for hand-written configs
+REQUIRED = "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in
+                   (("gpt_model_type", "inflight_fused_batching"), ("tokenizer_dir", ""),
+                    ("guided_decoding_backend", ""), ("xgrammar_tokenizer_info_path", "")))
+
+
+def faults(findings):
+    """Errors and warnings; the mpi-transfer-limits note is on every Triton repository."""
+    return [f for f in findings if f.severity != "info"]
+
+
 def test_kv_reuse_on_context_model_of_repository_fires(ctx):
     findings = ctx.repo([("prefill", 'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "false"',
                           'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "true"')])
-    assert [f.rule for f in findings] == ["context-kv-reuse"]
+    assert [f.rule for f in faults(findings)] == ["context-kv-reuse"]
 
 
 def test_kv_reuse_on_decode_model_is_allowed(ctx):
     findings = ctx.repo([("decode", 'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "false"',
                           'key: "enable_kv_cache_reuse"\n  value: {\n    string_value: "true"')])
-    assert findings == []
+    assert faults(findings) == []
 
 
 def test_generated_deployment_is_clean(ctx):
-    assert ctx.repo() == []
+    findings = ctx.repo()
+    assert faults(findings) == []
+    assert [f.rule for f in findings] == ["mpi-transfer-limits"]
+    assert "no KV-transfer timeout" in findings[0].message and "restart launch_triton.sh" in findings[0].fix
+
+
+def test_missing_no_fallback_parameter_names_model_and_parameter(ctx):
+    findings = ctx.repo([("decode", 'key: "xgrammar_tokenizer_info_path"', 'key: "xgrammar_tokenizer_info_path_x"')])
+    fired = [f for f in faults(findings) if f.rule == "backend-parameters"]
+    assert len(fired) == 1
+    assert "model 'decode' lacks parameter 'xgrammar_tokenizer_info_path'" in fired[0].message
+    assert "getGuidedDecodingConfigFromParams" in fired[0].message
 
 
 def test_participant_groups_must_match_engine_tp(make, tmp_path):
@@ -152,8 +206,8 @@ def test_participant_groups_must_match_engine_tp(make, tmp_path):
             f'instance_group [ {{ count: 1 kind: KIND_CPU }} ]\n'
             f'parameters {{ key: "gpt_model_path" value: {{ string_value: "{engine}" }} }}\n'
             f'parameters {{ key: "enable_kv_cache_reuse" value: {{ string_value: "false" }} }}\n'
-            f'parameters {{ key: "participant_ids" value: {{ string_value: "1,2" }} }}\n')
-    findings = lint_model_configs({"prefill": text})
+            f'parameters {{ key: "participant_ids" value: {{ string_value: "1,2" }} }}\n' + REQUIRED)
+    findings = faults(lint_model_configs({"prefill": text}))
     assert [f.rule for f in findings] == ["participant-ids"]
     assert "TP*PP = 4" in findings[0].message
 
@@ -162,8 +216,8 @@ def test_rank_zero_and_gaps_are_reported(make):
     def model(name, ids):
         return (f'name: "{name}"\nbackend: "tensorrtllm"\nmax_batch_size: 4\n'
                 f'parameters {{ key: "enable_kv_cache_reuse" value: {{ string_value: "false" }} }}\n'
-                f'parameters {{ key: "participant_ids" value: {{ string_value: "{ids}" }} }}\n')
-    findings = lint_model_configs({"prefill": model("prefill", "0"), "decode": model("decode", "3")})
+                f'parameters {{ key: "participant_ids" value: {{ string_value: "{ids}" }} }}\n' + REQUIRED)
+    findings = faults(lint_model_configs({"prefill": model("prefill", "0"), "decode": model("decode", "3")}))
     rules = sorted(f.rule for f in findings)
     assert rules == ["mpi-world", "participant-ids"]
 
@@ -172,3 +226,19 @@ def test_launch_world_size_counts_every_app_context():
     script = "exec mpirun --allow-run-as-root \\\n    -n 1 a \\\n    : -n 2 b \\\n    : -n 1 c\n"
     assert launch_world_size(script) == 4
     assert launch_world_size("trtllm-serve disaggregated -c x") is None
+
+
+def test_decode_num_tokens_on_serve_configs(ctx):
+    decode = ctx.make.serve_options("decode")
+    fired = lint_serve_configs(ctx.make.serve_options("prefill"), decode, None, max_prompt_tokens=2048,
+                               decode_max_num_tokens=256)
+    assert [f.rule for f in fired] == ["decode-num-tokens"]
+    decode["enable_chunked_prefill"] = True
+    assert lint_serve_configs(ctx.make.serve_options("prefill"), decode, None, max_prompt_tokens=2048,
+                              decode_max_num_tokens=256) == []
+
+
+def test_transfer_buffer_equal_to_the_longest_prompt_is_an_error(ctx):
+    fired = ctx.serve(decode=ctx.make.serve_options("decode", max_tokens_in_buffer=2048))
+    assert [(f.rule, f.severity) for f in fired] == [("transfer-buffer", "error")]
+    assert "equal to the longest prompt" in fired[0].message

@@ -9,10 +9,21 @@
 # executor shares this world and OpenMPI must be CUDA-aware and built with UCX.
 # Worker ranks get rank 0's ports, as launch_triton_server.py does: they stay in the executor
 # worker loop while loading their models and never open endpoints.
+# TensorRT-LLM 1.2.1 has no KV-transfer timeout or buffer setting on this path (the backend hard-codes
+# the MPI transceiver): if a rank dies, mpirun ends the whole world, so rerun this script; if one hangs,
+# kill and rerun it. Use deploy/trtllm-serve for a finite kv_transfer_timeout_ms (trtpd lint explains).
 set -euo pipefail
 export TRTLLM_ORCHESTRATOR=1
 export TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0
-exec mpirun --allow-run-as-root -x TRTLLM_ORCHESTRATOR -x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES \
+DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving; the container has no
+# trtpd, so the copy in python/ goes on PYTHONPATH, which every rank's python-backend stub inherits.
+if [ ! -f "$DEPLOY_DIR/python/trtpd/serving/bls_model.py" ]; then
+  echo "launch_triton.sh: $DEPLOY_DIR/python/trtpd is missing; rerun trtpd build --configs-only" >&2
+  exit 1
+fi
+export PYTHONPATH="$DEPLOY_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
+exec mpirun --allow-run-as-root -x TRTLLM_ORCHESTRATOR -x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES -x PYTHONPATH \
     -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-3.1-8b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_ \
     : -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-3.1-8b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix1_ --model-control-mode=explicit --load-model=prefill --load-model=decode \
     : -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-3.1-8b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix2_ --model-control-mode=explicit --load-model=prefill --load-model=decode
