@@ -9,6 +9,15 @@ decode 4 x layers x d_attn x sum(context), with d_attn = heads x head_size. Byte
 weight shard, plus the KV written (prefill) or read and written (decode). Each layer does two
 all-reduces of tokens x hidden x 2 bytes; a ring moves 2 (tp - 1) / tp of that per device, over
 NVLink inside a node and over the network beyond it.
+
+MoE: FLOPs follow the active parameters (the experts each token picks); every parameter is resident
+(the instance's devices hold all experts, split by TP or EP alike: the per-device share is the same),
+and a step reads the weights of the experts its tokens hit: E x (1 - (1 - k/E)^n) per MoE layer for n
+tokens (ModelSpec.expected_experts_touched), so a small decode batch reads about the active weights
+and a large one (or any prefill) all of them. Communication stays the TP all-reduce model (EP's
+all-to-alls move the same activations, k times over fewer hops; not modelled separately). MLA: the KV
+read and written per token is the compressed latent (replicated on every TP rank), and attention
+FLOPs use ModelSpec's prefill and decode attention widths.
 """
 
 from __future__ import annotations
@@ -63,15 +72,19 @@ class RooflinePerfModel:
         h = hardware
         embed = model.vocab_size * model.hidden_size
         lm_head = 0 if model.tie_word_embeddings else embed
-        self.linear_params_no_head = model.num_params - embed - lm_head
+        positions = model.num_position_embeddings * model.hidden_size
+        self.linear_params_no_head = model.num_active_params - embed - lm_head - positions
         self.lm_head_params = embed
-        self.d_attn = model.num_heads * model.head_size
+        self.d_attn = model.prefill_attention_dim
+        self.d_attn_decode = model.decode_attention_dim
         self.flops_per_s = tp * h.flops_per_s(weight_dtype) * h.compute_efficiency
         self.hbm_bytes_per_s = h.hbm_bandwidth_bytes_per_s * h.hbm_efficiency
-        self.weight_bytes_per_device = model.num_params * WEIGHT_BYTES[weight_dtype] / tp
-        kv_heads_per_device = max(1, model.num_kv_heads // tp)
-        self.kv_bytes_per_token_per_device = (2 * model.num_layers * kv_heads_per_device * model.head_size
-                                              * self.kv_dtype.num_bytes)
+        wb = WEIGHT_BYTES[weight_dtype]
+        self.weight_bytes_per_device = model.num_params * wb / tp
+        # MoE: one routed expert's bytes per device, summed over the MoE layers; the rest is always read
+        self.expert_bytes_per_device = model.num_moe_layers * model.expert_params * wb / tp
+        self.always_read_bytes_per_device = self.weight_bytes_per_device - model.num_experts * self.expert_bytes_per_device
+        self.kv_bytes_per_token_per_device = model.kv_bytes_per_token_per_device(tp, self.kv_dtype)
         within_node = tp <= h.max_devices_per_node and h.nvlink_bandwidth_bytes_per_s > 0
         link = h.nvlink_bandwidth_bytes_per_s if within_node else h.network_bandwidth_bytes_per_s
         self.allreduce_bytes_per_s = link * h.link_efficiency
@@ -86,6 +99,13 @@ class RooflinePerfModel:
         return max(0, int(free // self.kv_bytes_per_token_per_device))
 
     # -- latency ---------------------------------------------------------------------------------
+    def weights_read_per_device(self, num_tokens: float) -> float:
+        """Weight bytes one device reads for a pass over num_tokens tokens (all of them for a dense model)."""
+        if not self.model.is_moe:
+            return self.weight_bytes_per_device
+        return (self.always_read_bytes_per_device
+                + self.model.expected_experts_touched(num_tokens) * self.expert_bytes_per_device)
+
     def _comm_s(self, num_tokens: int) -> float:
         if self.tp == 1:
             return 0.0
@@ -98,14 +118,14 @@ class RooflinePerfModel:
         (defaults to one prompt of num_tokens)."""
         sq = num_tokens * num_tokens if sum_sq_tokens is None else sum_sq_tokens
         flops = 2 * self.linear_params_no_head * num_tokens + 2 * self.model.num_layers * self.d_attn * sq
-        bytes_moved = self.weight_bytes_per_device + num_tokens * self.kv_bytes_per_token_per_device
+        bytes_moved = self.weights_read_per_device(num_tokens) + num_tokens * self.kv_bytes_per_token_per_device
         return RooflineBreakdown(flops, bytes_moved, flops / self.flops_per_s, bytes_moved / self.hbm_bytes_per_s,
                                  self._comm_s(num_tokens), self.hardware.prefill_overhead_s)
 
     def decode_breakdown(self, batch_size: int, total_context_tokens: int) -> RooflineBreakdown:
         linear = self.linear_params_no_head + self.lm_head_params
-        flops = 2 * linear * batch_size + 4 * self.model.num_layers * self.d_attn * total_context_tokens
-        bytes_moved = (self.weight_bytes_per_device
+        flops = 2 * linear * batch_size + 4 * self.model.num_layers * self.d_attn_decode * total_context_tokens
+        bytes_moved = (self.weights_read_per_device(batch_size)
                        + (total_context_tokens + batch_size) * self.kv_bytes_per_token_per_device)
         return RooflineBreakdown(flops, bytes_moved, flops / self.flops_per_s, bytes_moved / self.hbm_bytes_per_s,
                                  self._comm_s(batch_size), self.hardware.decode_overhead_s)
@@ -115,7 +135,8 @@ class RooflinePerfModel:
         """A colocated step: new prompts and running sequences in one pass, weights read once."""
         p = self.prefill_breakdown(prefill_tokens, sum_sq_tokens)
         d = self.decode_breakdown(batch_size, total_context_tokens)
-        bytes_moved = p.bytes_per_device + d.bytes_per_device - self.weight_bytes_per_device
+        bytes_moved = (p.bytes_per_device + d.bytes_per_device - self.weights_read_per_device(prefill_tokens)
+                       - self.weights_read_per_device(batch_size) + self.weights_read_per_device(prefill_tokens + batch_size))
         return RooflineBreakdown(p.flops + d.flops, bytes_moved, p.compute_s + d.compute_s,
                                  bytes_moved / self.hbm_bytes_per_s, self._comm_s(prefill_tokens + batch_size),
                                  max(p.overhead_s, d.overhead_s))
@@ -134,6 +155,8 @@ class RooflinePerfModel:
         c_batch, c_context, mem_weights, mem_kv, comm_batch, comm_fixed, overhead = self._decode_coeffs
         compute = c_batch * batch_size + c_context * total_context_tokens
         memory = mem_weights + mem_kv * (total_context_tokens + batch_size)
+        if self._mem_expert:
+            memory += self._mem_expert * self.model.expected_experts_touched(batch_size)
         return (compute if compute > memory else memory) + comm_batch * batch_size + comm_fixed + overhead
 
     def _init_decode_coeffs(self) -> None:
@@ -144,7 +167,10 @@ class RooflinePerfModel:
             comm = (2 * layers * ring, 2 * layers * self.hardware.allreduce_latency_s)
         else:
             comm = (0.0, 0.0)
-        self._decode_coeffs = (2 * linear / self.flops_per_s, 4 * layers * self.d_attn / self.flops_per_s,
-                               self.weight_bytes_per_device / self.hbm_bytes_per_s,
+        moe = self.model.is_moe
+        self._mem_expert = self.expert_bytes_per_device / self.hbm_bytes_per_s if moe else 0.0
+        self._decode_coeffs = (2 * linear / self.flops_per_s, 4 * layers * self.d_attn_decode / self.flops_per_s,
+                               (self.always_read_bytes_per_device if moe else self.weight_bytes_per_device)
+                               / self.hbm_bytes_per_s,
                                self.kv_bytes_per_token_per_device / self.hbm_bytes_per_s,
                                *comm, self.hardware.decode_overhead_s)

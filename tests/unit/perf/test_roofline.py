@@ -104,3 +104,20 @@ def test_fp8_on_a100_is_refused(llama70):
 def test_tp_must_divide_heads(llama70, h100):
     with pytest.raises(ConfigError, match="tp=3"):
         RooflinePerfModel(llama70, h100, tp=3)
+
+
+def test_moe_decode_reads_active_weights_at_batch_1_and_all_at_large_batches(h100):
+    from trtpd.perf.hardware import load_hardware
+    h200 = load_hardware("h200")
+    m = get_model("deepseek-v3")
+    r = RooflinePerfModel(m, h200, tp=8, weight_dtype="fp8", kv_dtype="fp8")
+    one = r.decode_breakdown(1, 0).bytes_per_device
+    expected_one = m.num_active_params / 8      # fp8: one byte per parameter, split over 8 devices
+    assert one == pytest.approx(expected_one + r.kv_bytes_per_token_per_device, rel=1e-3)
+    assert r.decode_breakdown(2048, 0).bytes_per_device == pytest.approx(r.weight_bytes_per_device, rel=0.01)
+    # FLOPs follow the active parameters: 2 x ~36.6B per token (LM head included), not 2 x 671B
+    flops_per_token = r.decode_breakdown(64, 0).flops / 64
+    assert flops_per_token == pytest.approx(2 * (m.num_active_params - m.vocab_size * m.hidden_size), rel=0.01)
+    for batch, context in ((1, 6144), (34, 34 * 6400), (256, 256 * 6400)):
+        assert r.decode_step_s(batch, context) == pytest.approx(r.decode_breakdown(batch, context).total_s)
+    assert r.kv_capacity_tokens > 1_000_000 // 2    # fp8 weights 84 GB per H200, the rest holds MLA latents
