@@ -273,6 +273,11 @@ def test_in_place_change_restarts_nothing(deployment, fp16_root, tmp_path, capsy
     assert fleet.routing["balance"] == "round_robin" and fleet.routing["max_prefill_attempts"] == 3
     assert {i.revision for i in fleet.instances} == {2}
     assert complete(client("inplace"), PROMPTS[0])   # still serving
+    capsys.readouterr()
+    assert trtpd(["status", "--name", "inplace", "--json"]) == 0
+    (view,) = json.loads(capsys.readouterr().out)
+    assert view["controller"]["running"] and view["controller"]["stable_revision"] == 2
+    assert view["controller"]["rollout"] is None
 
 
 def test_a_restarted_controller_resumes_and_heals(deployment):

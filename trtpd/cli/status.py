@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         deps = [deployment.Deployment.load(args.name)] if args.name else deployment.list_deployments()
         fleets = [] if args.name else [fleet_view(f) for f in records.list_fleets()]
+    for fleet in fleets:
+        fleet["controller"] = controller_view(fleet["name"])
     rows = []
     for dep in deps:
         s = dep.server
@@ -93,6 +95,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def controller_view(name: str) -> dict | None:
+    """The deployment's controller, if it has one: process, stable revision, counts, a rollout in progress."""
+    from trtpd.serving.deployment import deployment_dir
+
+    if not (deployment_dir(name) / "controller.db").is_file():
+        return None
+    from trtpd.controller.daemon import controller_alive
+    from trtpd.controller.store import ControllerStore
+
+    store = ControllerStore.for_deployment(name)
+    alive = controller_alive(store)
+    rollout = store.get("rollout")
+    return {"pid": alive["pid"] if alive else None, "running": alive is not None,
+            "stable_revision": store.get("stable_revision"), "counts": store.get("counts"),
+            "rollout": {k: rollout[k] for k in ("revision", "phase", "reason")} if rollout else None}
+
+
 def print_fleet(fleet: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -107,6 +126,12 @@ def print_fleet(fleet: dict) -> None:
                       f"{load['waiting']}/{load['active']}" if "waiting" in load else "-",
                       f"{load['kv_used']}/{load['kv_max']}" if "kv_max" in load else "-")
     Console().print(table)
+    c = fleet.get("controller")
+    if c:
+        r = c["rollout"]
+        print(f"{fleet['name']}: controller {'pid ' + str(c['pid']) if c['running'] else 'NOT running'}, "
+              f"revision {c['stable_revision']}, counts {c['counts']}"
+              + (f", rollout of revision {r['revision']}: {r['phase']}" if r else ""))
     if fleet["shared_cores"]:
         print(f"{fleet['name']}: more instances than cores: instances share cores")
     for i in fleet["instances"]:
