@@ -36,7 +36,10 @@ def role_parameters(plan: BuildPlan, role: RolePlan, world: MpiWorld) -> dict[st
         "enable_kv_cache_reuse": _bool(s.enable_kv_cache_reuse),
         "batch_scheduler_policy": s.batch_scheduler_policy,
         "enable_chunked_context": _bool(s.enable_chunked_context),
-        "exclude_input_in_output": "false",
+        # disagg_bls treats output_ids as generated tokens. Its sub-requests stream, and streamed responses carry
+        # only new tokens whatever this says (LlmRequest::createResult, calculateNbTokensOut); "true" keeps that
+        # so for a non-streamed request too.
+        "exclude_input_in_output": "true",
         "normalize_log_probs": "true",
         "decoding_mode": "top_k_top_p",
         "multi_block_mode": _bool(s.multi_block_mode),
