@@ -1,4 +1,5 @@
-"""Token-length distributions: fixed, uniform, power-law (seed 000), and an empirical trace column.
+"""Token-length distributions: fixed, uniform, power-law (seed 000), quantiles (a published length
+table: piecewise-linear between (share, tokens) points) and an empirical trace column.
 
 Power law: seed 000 describes prompt lengths as "power-law, mean 512, P99 2,048". A Pareto type I
 distribution (x_min, alpha) matches both numbers exactly: mean = alpha x_min / (alpha - 1) and
@@ -127,6 +128,29 @@ class PowerLawLengths(_Lengths):
         return x
 
 
+class QuantileLengths(_Lengths):
+    """Piecewise-linear inverse CDF through published quantiles: points [[0, min], [0.5, median], ...,
+    [1, max]] (shares from 0 to 1, tokens non-decreasing)."""
+
+    kind: Literal["quantiles"]
+    points: list[tuple[float, float]] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _check(self) -> "QuantileLengths":
+        shares = [q for q, _ in self.points]
+        tokens = [t for _, t in self.points]
+        if shares[0] != 0.0 or shares[-1] != 1.0 or any(b <= a for a, b in zip(shares, shares[1:])):
+            raise ValueError(f"quantiles: shares must rise strictly from 0 to 1, got {shares}")
+        if tokens[0] < 1 or any(b < a for a, b in zip(tokens, tokens[1:])):
+            raise ValueError(f"quantiles: tokens must be >= 1 and non-decreasing, got {tokens}")
+        return self
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        shares = np.array([q for q, _ in self.points])
+        tokens = np.array([t for _, t in self.points], dtype=float)
+        return np.maximum(1, np.rint(np.interp(rng.random(n), shares, tokens))).astype(np.int64)
+
+
 class TraceLengths(_Lengths):
     """Resamples one column of a trace file (CSV with a header, or JSON lines)."""
 
@@ -145,7 +169,7 @@ class TraceLengths(_Lengths):
         return stats_of(self.values())
 
 
-LengthDistribution = Annotated[Union[FixedLengths, UniformLengths, PowerLawLengths, TraceLengths],
+LengthDistribution = Annotated[Union[FixedLengths, UniformLengths, PowerLawLengths, QuantileLengths, TraceLengths],
                                Field(discriminator="kind")]
 
 

@@ -51,3 +51,14 @@ def test_trace_column(tmp_path):
     bad.write_text("input_tokens\nlots\n")
     with pytest.raises(ConfigError, match="row 1"):
         TraceLengths(kind="trace", path=bad, column="input_tokens").sample(np.random.default_rng(0), 1)
+
+
+def test_quantile_lengths_follow_the_published_table():
+    from trtpd.sim.lengths import QuantileLengths
+    q = QuantileLengths(kind="quantiles", points=[(0, 10), (0.5, 100), (0.9, 500), (1, 1000)])
+    s = q.stats()
+    assert s.p50 == pytest.approx(100, rel=0.03) and s.p90 == pytest.approx(500, rel=0.03) and s.max <= 1000
+    # mean of the piecewise-linear inverse CDF: 0.5 x 55 + 0.4 x 300 + 0.1 x 750 = 222.5
+    assert s.mean == pytest.approx(222.5, rel=0.02)
+    with pytest.raises(ValueError, match="shares"):
+        QuantileLengths(kind="quantiles", points=[(0.1, 10), (1, 100)])
