@@ -23,7 +23,7 @@ _CLUSTER_FLAGS = (
     ("--tp-decode", a.positive_int), ("--prefill-kv-capacity-tokens", a.positive_int),
     ("--decode-kv-capacity-tokens", a.positive_int), ("--prefill-max-num-tokens", a.positive_int),
     ("--prefill-max-batch-size", a.positive_int), ("--decode-max-batch-size", a.positive_int),
-    ("--num-colocated", a.positive_int), ("--kv-capacity-tokens", a.positive_int),
+    ("--num-colocated", a.positive_int), ("--tp-colocated", a.positive_int), ("--kv-capacity-tokens", a.positive_int),
     ("--colocated-max-num-tokens", a.positive_int), ("--colocated-max-batch-size", a.positive_int),
     ("--kv-link-bytes-per-s", a.positive_float), ("--kv-link-latency-s", a.nonnegative_float),
     ("--bucket-timeout-s", a.nonnegative_float))
@@ -33,7 +33,7 @@ POLICY_KEYS = ("budget", "min_prefill", "min_decode", "max_prefill", "max_decode
                "queue_time_share")
 _DERIVED = {"kv_link_bytes_per_s": "from the hardware", "kv_capacity_tokens": "from the perf model",
             "prefill_kv_capacity_tokens": "--kv-capacity-tokens", "decode_kv_capacity_tokens": "--kv-capacity-tokens",
-            "num_colocated": "as many TP-decode instances as the P/D pair's GPUs",
+            "num_colocated": "as many instances as the P/D pair's GPUs", "tp_colocated": "--tp-decode",
             "colocated_max_num_tokens": "--prefill-max-num-tokens + the batch (chunked: the step's token budget)",
             "colocated_max_batch_size": "--decode-max-batch-size"}
 
@@ -152,12 +152,12 @@ def run(args: argparse.Namespace) -> int:
         clusters["colocated"] = colocated_cluster(model, hardware, opts)
     print(f"simulate: {model.name} on {hardware.name}, workload {workload.name}, {num_requests or 'all'} requests, "
           f"SLO TTFT <= {slo.ttft_s * 1e3:.0f} ms, TPOT <= {slo.tpot_s * 1e3:.0f} ms for {slo.attainment:.0%}")
-    num_colocated = opts.num_colocated or max(1, opts.num_gpus // opts.tp_decode)
+    num_colocated, tp_c = opts.num_colocated_instances, opts.colocated_tp
     print(f"  disaggregated: {opts.num_prefill} prefill (TP{opts.tp_prefill}) + {opts.num_decode} decode "
-          f"(TP{opts.tp_decode}) = {opts.num_gpus} GPUs; colocated: {num_colocated} x TP{opts.tp_decode} = "
-          f"{num_colocated * opts.tp_decode} GPUs")
+          f"(TP{opts.tp_decode}) = {opts.num_gpus} GPUs; colocated: {num_colocated} x TP{tp_c} "
+          f"({opts.colocated_policy}) = {num_colocated * tp_c} GPUs")
     out = {}
-    gpus = {"disaggregated": opts.num_gpus, "colocated": num_colocated * opts.tp_decode}
+    gpus = {"disaggregated": opts.num_gpus, "colocated": num_colocated * tp_c}
     for label, cluster in clusters.items():
         if args.find_goodput:
             g = max_goodput_rate_per_s(cluster, workload, slo.ttft_s, slo.tpot_s, slo.attainment,

@@ -22,7 +22,11 @@ def options_from_plan(plan: Plan) -> ClusterOptions:
         raise ConfigError(f"the plan has no configuration to simulate (feasible: {plan.feasible}, "
                           f"binding constraint: {plan.binding_constraint})")
     p, d, kv = plan.prefill, plan.decode, plan.kv_transfer
-    return ClusterOptions(num_prefill=p.num_instances, num_decode=d.num_instances, tp_prefill=p.tp, tp_decode=d.tp,
+    c = plan.colocated   # the plan's best colocated configuration, when it has one
+    colocated = {} if c is None else dict(
+        colocated_policy=c.policy, tp_colocated=c.tp, num_colocated=c.num_instances,
+        colocated_max_batch_size=c.max_batch_size, colocated_max_num_tokens=c.max_num_tokens)
+    return ClusterOptions(**colocated,num_prefill=p.num_instances, num_decode=d.num_instances, tp_prefill=p.tp, tp_decode=d.tp,
                           weight_dtype=plan.weight_dtype, kv_dtype=plan.kv_dtype,
                           prefill_max_num_tokens=p.max_num_tokens, prefill_max_batch_size=p.max_batch_size,
                           prefill_min_batch_size=p.min_batch_size, bucket_timeout_s=p.bucket_timeout_s,
@@ -95,9 +99,9 @@ def disaggregated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Clu
 
 
 def colocated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: ClusterOptions) -> ClusterSpec:
-    """The baseline on the same GPUs: instances at the decode TP doing both phases."""
-    inst = _perf(model, hardware, opts.tp_decode, opts, mode="colocated")
-    num = opts.num_colocated or max(1, opts.num_gpus // opts.tp_decode)
+    """The baseline on the same GPUs: instances at the colocated TP (default: the decode TP) doing both phases."""
+    inst = _perf(model, hardware, opts.colocated_tp, opts, mode="colocated")
+    num = opts.num_colocated_instances
     batch = opts.colocated_max_batch_size or opts.decode_max_batch_size
     # room for the longest prompt next to a full decode batch (else a long prompt waits for an empty batch)
     # (chunked: the step's token budget, decode rows included)

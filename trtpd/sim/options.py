@@ -30,7 +30,16 @@ class ClusterOptions:
     tokens_per_block: int = 32
     first_token_at: Literal["prefill", "decode"] = "decode"
     colocated_policy: Literal["inflight", "chunked", "prefill_first"] = "inflight"
+    tp_colocated: int | None = None              # default: tp_decode
     num_colocated: int | None = None             # default: as many TP-decode instances as the P/D pair's GPUs
+
+    @property
+    def colocated_tp(self) -> int:
+        return self.tp_colocated or self.tp_decode
+
+    @property
+    def num_colocated_instances(self) -> int:
+        return self.num_colocated or max(1, self.num_gpus // self.colocated_tp)
 
     @property
     def num_gpus(self) -> int:

@@ -42,9 +42,14 @@ def _problem(input_tokens, output_tokens, ttft_s, tpot_s, max_gpus=4):
                        None, SearchSpace(tp_prefill=[1], tp_decode=[1], max_gpus=max_gpus))
 
 
-def test_short_prompts_long_outputs_colocated_must_win():
+@pytest.fixture(scope="module")
+def colocated_plan():
     # 64-token prompts: a prefill instance of its own idles; four colocated GPUs all decode
-    plan = make_plan(_problem(64, 512, 0.5, 0.03), FAST)
+    return make_plan(_problem(64, 512, 0.5, 0.03), FAST)
+
+
+def test_short_prompts_long_outputs_colocated_must_win(colocated_plan):
+    plan = colocated_plan
     c = plan.comparison
     assert c is not None and c.recommended == "colocated" and c.ratio_per_gpu > 1.3
     assert plan.colocated is not None and plan.colocated.num_instances == 4
@@ -65,3 +70,11 @@ def test_long_prompts_tight_tpot_disaggregated_must_win(tmp_path):
 @pytest.mark.parametrize("path", sorted(Path("configs/plans").glob("*.yaml")), ids=lambda p: p.name)
 def test_bundled_plan_files_still_load(path):
     assert load_plan(path).model
+
+
+def test_simulate_takes_the_plans_colocated_configuration(colocated_plan):
+    from trtpd.sim.build import options_from_plan
+    opts = options_from_plan(colocated_plan)
+    c = colocated_plan.colocated
+    assert (opts.colocated_policy, opts.colocated_tp, opts.num_colocated_instances) == (c.policy, c.tp, c.num_instances)
+    assert opts.colocated_max_num_tokens == c.max_num_tokens
