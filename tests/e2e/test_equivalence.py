@@ -1,13 +1,17 @@
 """Greedy output of the disaggregated path equals the colocated path, token for token, through
-the real Triton server: HTTP generate, HTTP generate_stream and gRPC streaming."""
+the real Triton server: HTTP generate, HTTP generate_stream and gRPC streaming; bit-identical logits once
+per KV transport (shm, tcp, ucx)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from tests.e2e.conftest import Server
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.catalog import get_model
+from trtpd.deploy.spec import KV_TRANSPORTS, ReferenceDeployment
+from trtpd.serving import deployment
 
 pytestmark = pytest.mark.e2e
 
@@ -126,11 +130,28 @@ def logits_of_all(server, prompt_ids: dict[str, list[int]], max_tokens: int) -> 
     return out
 
 
-def test_generation_logits_are_bit_identical_disaggregated_and_colocated(fp16_disagg, fp16_coloc, prompts, tokenizer):
+@pytest.fixture(scope="module", params=KV_TRANSPORTS)
+def fp16_disagg_over(request, trtpd_home, fp16_root):
+    """The fp16 disaggregated deployment with each KV transport (shm: the session's fp16_disagg)."""
+    if request.param == "shm":
+        yield request.getfixturevalue("fp16_disagg")
+        return
+    name = f"e2e-fp16-disagg-{request.param}"
+    dep = deployment.up(name, ReferenceDeployment(fp16_root, mode="disaggregated", kv_transport=request.param),
+                        replace=True)
+    try:
+        yield Server(dep.server, name)
+    finally:
+        deployment.down(name)
+
+
+def test_generation_logits_are_bit_identical_disaggregated_and_colocated(fp16_disagg_over, fp16_coloc, prompts,
+                                                                         tokenizer):
     """The oracle a 1e-6 difference cannot hide: every generated token's full logits row, compared as raw
-    fp32 bytes, for all prompts batched together (prefill batches vs colocated steps, decode batches)."""
+    fp32 bytes, for all prompts batched together (prefill batches vs colocated steps, decode batches), once
+    per KV transport."""
     prompt_ids = {rid: tokenizer.encode(text) for rid, text in prompts.items()}
-    disagg = logits_of_all(fp16_disagg, prompt_ids, MAX_TOKENS)
+    disagg = logits_of_all(fp16_disagg_over, prompt_ids, MAX_TOKENS)
     coloc = logits_of_all(fp16_coloc, prompt_ids, MAX_TOKENS)
     vocab = get_model("tiny-llama").vocab_size
     for rid in prompt_ids:

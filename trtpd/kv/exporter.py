@@ -239,7 +239,7 @@ class KvExporter:
             if pending is not None:
                 self._mover.forget(pending)
             if channel is not None:
-                channel.close()
+                channel.release() if why == "pulled" else channel.close()
             if export is not None:
                 self._table.release(export, why)
             with self._sessions_lock:
@@ -283,8 +283,7 @@ class KvExporter:
                     sock.settimeout(self._remaining_s(export))
                     sock.sendall(frame.pack_header(Kind.LAYER, 0, layer=layer))
                     base = layer * self._layer_stride_bytes
-                    channel.send([self._pool_view[base + src:base + src + size] for src, _, size in plan],
-                                 self._remaining_s(export))
+                    channel.start_send([self._pool_view[base + src:base + src + size] for src, _, size in plan])
             elif self.transport == "shm":   # say which layers are ready; the importer copies them from the pool
                 sock.settimeout(self._remaining_s(export))
                 sock.sendall(b"".join(frame.pack_header(Kind.LAYER, 0, layer=layer)
@@ -299,6 +298,8 @@ class KvExporter:
                     frame.send_buffers(sock, [memoryview(header)] + [
                         self._pool_view[base + offset:base + offset + size] for offset, size in spans])
             num_sent = num_ready
+        if channel is not None:
+            channel.wait_sent(self._remaining_s(export))
 
     @staticmethod
     def _remaining_s(export: Export) -> float:

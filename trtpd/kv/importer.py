@@ -112,7 +112,11 @@ class _Pull:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
             try:
-                return self._converse(sock, start_s, on_layer)
+                result = self._converse(sock, start_s, on_layer)
+                if self.channel is not None:
+                    self.channel, channel = None, self.channel
+                    channel.release()
+                return result
             except ValueError as e:    # a mover's hello could not be made (bad block ids from the exporter)
                 raise KvProtocolError(f"{self.where}: {e}") from None
             except socket.timeout:
@@ -195,13 +199,14 @@ class _Pull:
         client = self.importer._mover_client(self.endpoint.transport)
         self.channel = client.connect(self.endpoint.host, address, mover.pack_hello(token, self.dst_block_ids),
                                       self._remaining_s())
+        self.channel.start_recv([[view[layer * stride + dst:layer * stride + dst + size] for _, dst, size in plan]
+                                 for layer in range(self.layout.num_layers)])
 
         def move(layer: int, payload_bytes: int) -> None:
             if payload_bytes:
                 raise KvProtocolError(f"{self.where}: {self.endpoint.transport} LAYER frame with {payload_bytes} "
                                       f"payload bytes")
-            base = layer * stride
-            self.channel.recv([view[base + dst:base + dst + size] for _, dst, size in plan], self._remaining_s())
+            self.channel.wait_received(layer, self._remaining_s())
         return move
 
     def _shm_mover(self, accept: bytes) -> Callable[[int, int], None]:

@@ -32,13 +32,28 @@ MAX_BLOCKS = 1 << 20
 
 
 class Channel(Protocol):
-    """One pull's byte channel. send/recv move one layer's segments, in order."""
+    """One pull's byte channel: segments arrive in the order they were sent."""
 
-    def send(self, buffers: list[memoryview], timeout_s: float) -> None: ...
+    def send(self, buffers: list[memoryview], timeout_s: float) -> None:
+        """Sends and waits (the importer's hello)."""
 
-    def recv(self, buffers: list[memoryview], timeout_s: float) -> None: ...
+    def start_send(self, buffers: list[memoryview]) -> None:
+        """Posts one layer's segments; they go out while the caller goes on."""
 
-    def close(self) -> None: ...
+    def wait_sent(self, timeout_s: float) -> None:
+        """Every posted segment went out (before DONE: the blocks stay the exporter's until the ACK)."""
+
+    def start_recv(self, layers: list[list[memoryview]]) -> None:
+        """Posts the receives of every layer's segments, straight into their places in the decode pool."""
+
+    def wait_received(self, layer: int, timeout_s: float) -> None:
+        """Layer `layer`'s segments are in the decode pool."""
+
+    def release(self) -> None:
+        """The pull completed (both sides moved every segment): keep the channel for the next pull."""
+
+    def close(self) -> None:
+        """The pull failed: the channel's state is unknown, so it is not used again."""
 
 
 class MoverServer(Protocol):

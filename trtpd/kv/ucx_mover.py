@@ -3,7 +3,8 @@
 Every ucxx call of a process runs on one event loop on a thread of its own (UcxLoop), so the exporter's
 session threads and the importer's pull threads stay synchronous: they submit a coroutine and wait for it
 with the pull's deadline. The exporter listens on one UCX port (all interfaces; ACCEPT names the port, the
-handle's host is the address); each pull opens its own endpoint, bound to its pull by the hello's token.
+handle's host is the address). A pull sends its hello on an endpoint to that port, which binds it to the pull;
+endpoints of pulls that completed are kept and reused by the next pull between the same two processes.
 
 UCX settings (set unless the environment already has them, before ucxx is first imported):
     UCX_RNDV_FRAG_MEM_TYPE=host    ucxx's default (cuda) needs a GPU for rendezvous fragments
@@ -19,6 +20,8 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import time
+from typing import Callable
 
 import numpy as np
 
@@ -64,7 +67,12 @@ class UcxLoop:
 
     def run(self, coro, timeout_s: float):
         """Runs `coro` on the loop; raises TimeoutError past `timeout_s`, ConnectionError if UCX fails."""
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return self.result(self.submit(coro), timeout_s)
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def result(self, future: concurrent.futures.Future, timeout_s: float):
         try:
             return future.result(timeout=max(timeout_s, 0.001))
         except concurrent.futures.TimeoutError:
@@ -77,26 +85,64 @@ class UcxLoop:
 
 
 class UcxChannel:
-    def __init__(self, loop: UcxLoop, endpoint) -> None:
-        self._loop, self._endpoint = loop, endpoint
+    """One UCX endpoint. After a pull that completed it is released (kept for the next pull between the same
+    two processes: an endpoint costs tens of ms to set up); after any failure it is closed."""
+
+    def __init__(self, loop: UcxLoop, endpoint, on_release: Callable[["UcxChannel"], None] | None = None) -> None:
+        self._loop, self._endpoint, self._on_release = loop, endpoint, on_release
+        self.is_closed = False
+        self._sends: list[concurrent.futures.Future] = []
+        self._received: list[threading.Event] = []
+        self._receiving: concurrent.futures.Future | None = None
+
+    # Each call below is one hop to the loop thread: in a busy role model a hop waits for the GIL (up to the
+    # 5 ms switch interval), so sends are posted without waiting and all receives are posted at once.
 
     def send(self, buffers: list[memoryview], timeout_s: float) -> None:
         self._loop.run(self._send(buffers), timeout_s)
 
-    def recv(self, buffers: list[memoryview], timeout_s: float) -> None:
-        self._loop.run(self._recv(buffers), timeout_s)
+    def start_send(self, buffers: list[memoryview]) -> None:
+        self._sends.append(self._loop.submit(self._send(buffers)))
+
+    def wait_sent(self, timeout_s: float) -> None:
+        sends, self._sends = self._sends, []
+        deadline_s = time.monotonic() + timeout_s
+        for future in sends:
+            self._loop.result(future, deadline_s - time.monotonic())
+
+    def start_recv(self, layers: list[list[memoryview]]) -> None:
+        self._received = [threading.Event() for _ in layers]
+        self._receiving = self._loop.submit(self._recv(layers))
+
+    def wait_received(self, layer: int, timeout_s: float) -> None:
+        deadline_s = time.monotonic() + timeout_s
+        while not self._received[layer].wait(min(max(deadline_s - time.monotonic(), 0.0), 0.05)):
+            if self._receiving.done():    # failed: raise its error
+                self._loop.result(self._receiving, 0.0)
+            if time.monotonic() >= deadline_s:
+                raise TimeoutError(f"UCX: layer {layer} did not arrive in time")
 
     async def _send(self, buffers: list[memoryview]) -> None:
-        for buffer in buffers:
-            if len(buffer):
-                await self._endpoint.send(buffer)
+        await asyncio.gather(*[self._endpoint.send(b) for b in buffers if len(b)])
 
-    async def _recv(self, buffers: list[memoryview]) -> None:
-        for buffer in buffers:
-            if len(buffer):
-                await self._endpoint.recv(buffer)
+    async def _recv(self, layers: list[list[memoryview]]) -> None:
+        tasks = [[asyncio.ensure_future(self._endpoint.recv(b)) for b in buffers if len(b)] for buffers in layers]
+        try:
+            for layer, received in enumerate(tasks):
+                await asyncio.gather(*received)
+                self._received[layer].set()
+        finally:
+            for task in (t for received in tasks for t in received):
+                task.cancel()
+
+    def release(self) -> None:
+        if self._on_release is None:
+            self.close()
+        else:
+            self._on_release(self)
 
     def close(self) -> None:
+        self.is_closed = True
         try:
             self._loop.run(self._endpoint.close(), CLOSE_TIMEOUT_S)
         except (TimeoutError, ConnectionError):
@@ -116,20 +162,32 @@ class UcxServer:
         return self._loop.ucxx.create_listener(self._on_endpoint, 0)
 
     async def _on_endpoint(self, endpoint) -> None:
+        """Serves one importer's endpoint: a hello binds it to a pull; once that pull is released, the next
+        hello may come on the same endpoint. A first hello must come within HELLO_TIMEOUT_S."""
+        hello_timeout_s: float | None = HELLO_TIMEOUT_S
         try:
-            head = np.empty(HELLO.size, np.uint8)
-            await asyncio.wait_for(endpoint.recv(head), HELLO_TIMEOUT_S)
-            token, num_blocks = unpack_hello_head(head.tobytes())
-            pending = self._table.take(token)
-            if pending is not None:
+            while True:
+                head = np.empty(HELLO.size, np.uint8)
+                await asyncio.wait_for(endpoint.recv(head), hello_timeout_s)
+                token, num_blocks = unpack_hello_head(head.tobytes())
                 ids = np.empty(4 * num_blocks, np.uint8)
                 if num_blocks:
                     await asyncio.wait_for(endpoint.recv(ids), HELLO_TIMEOUT_S)
-                if pending.bind(UcxChannel(self._loop, endpoint), unpack_block_ids(ids.tobytes())):
+                pending = self._table.take(token)
+                if pending is None:
+                    break          # no pull of this exporter waits for it (a stranger, a pull that gave up)
+                released = asyncio.Event()
+                channel = UcxChannel(self._loop, endpoint,
+                                     on_release=lambda _: self._loop.loop.call_soon_threadsafe(released.set))
+                if not pending.bind(channel, unpack_block_ids(ids.tobytes())):
+                    break
+                await released.wait()      # closed instead (a failed pull): the next recv fails and ends this
+                if channel.is_closed:
                     return
+                hello_timeout_s = None
         except (self._loop.error, asyncio.TimeoutError, KvProtocolError):
             pass
-        try:   # no pull of this exporter is waiting for it (a stranger, a pull that gave up)
+        try:
             await endpoint.close()
         except self._loop.error:
             pass
@@ -151,16 +209,24 @@ class UcxServer:
 
 
 class UcxClient:
+    """Opens endpoints to exporters and keeps the released ones, per exporter address, for later pulls."""
+
     def __init__(self) -> None:
         self._loop = UcxLoop.get()
+        self._lock = threading.Lock()
+        self._idle: dict[tuple[str, int], list[UcxChannel]] = {}
 
     def connect(self, host: str, address: bytes, hello: bytes, timeout_s: float) -> UcxChannel:
         try:
-            port = int(address)
+            where = (host, int(address))
         except ValueError:
             raise KvProtocolError(f"the exporter's UCX address {address!r} is not a port") from None
-        endpoint = self._loop.run(self._loop.ucxx.create_endpoint(host, port), timeout_s)
-        channel = UcxChannel(self._loop, endpoint)
+        with self._lock:
+            idle = self._idle.get(where)
+            channel = idle.pop() if idle else None
+        if channel is None:
+            endpoint = self._loop.run(self._loop.ucxx.create_endpoint(*where), timeout_s)
+            channel = UcxChannel(self._loop, endpoint, on_release=lambda c: self._keep(where, c))
         try:
             channel.send([memoryview(hello[:HELLO.size]), memoryview(hello[HELLO.size:])], timeout_s)
         except (TimeoutError, ConnectionError):
@@ -168,5 +234,13 @@ class UcxClient:
             raise
         return channel
 
+    def _keep(self, where: tuple[str, int], channel: UcxChannel) -> None:
+        with self._lock:
+            self._idle.setdefault(where, []).append(channel)
+
     def close(self) -> None:
-        pass
+        with self._lock:
+            channels = [c for idle in self._idle.values() for c in idle]
+            self._idle = {}
+        for channel in channels:
+            channel.close()
