@@ -21,8 +21,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "installed with trtpd are never changed) that `trtpd plan --hardware PATH` and "
                                    "`trtpd simulate --hardware PATH` then use instead of the roofline.")
     p.add_argument("--backend", choices=("reference",), default="reference", help="engine backend")
-    p.add_argument("--engine-dir", type=Path, required=True,
+    p.add_argument("--from", dest="source", choices=("engine", "aiconfigurator"), default="engine",
+                   help="engine: measure a built engine (--engine-dir); aiconfigurator: build the curves from "
+                        "AIConfigurator's measured per-operator database (--model, --tp, --system, --aic-db)")
+    p.add_argument("--engine-dir", type=Path,
                    help="a reference build folder (with prefill-tp1/ and decode-tp1/) or one role's engine folder")
+    g = p.add_argument_group("--from aiconfigurator")
+    g.add_argument("--model", help="catalog name (dense GQA/MHA models)")
+    g.add_argument("--tp", type=a.positive_int, default=1, help="tensor parallelism of the instance")
+    g.add_argument("--system", help="AIConfigurator system name (h100_sxm, h200_sxm, a100_sxm, b200_sxm, ...)")
+    g.add_argument("--framework", default="trtllm", help="AIConfigurator framework tables (default: trtllm)")
+    g.add_argument("--framework-version", help="framework version (default: the newest in the database)")
+    g.add_argument("--weight-dtype", default="fp8", choices=("fp8", "fp16", "bf16"), help="GEMM dtype")
+    g.add_argument("--kv-dtype", default="fp8", choices=("fp8", "fp16", "bf16"), help="KV cache dtype")
+    g.add_argument("--aic-db", type=Path, help="AIConfigurator's database: its aiconfigurator_core folder or "
+                                               "systems/data (default: the installed aiconfigurator-core)")
+    g.add_argument("--hardware", help="hardware profile to start from when --output does not exist "
+                                      "(default: the installed one matching --system)")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
                    help="hardware profile to write or update; when it does not exist, it starts from the installed "
                         "cpu-reference profile (default: %(default)s, in the current directory)")
@@ -44,7 +59,43 @@ def _engine_folders(engine_dir: Path) -> tuple[Path, Path]:
     return prefill, decode
 
 
+AIC_SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "a100_sxm": "a100-80g"}
+
+
+def run_aiconfigurator(args: argparse.Namespace) -> int:
+    from trtpd.catalog import resolve_model
+    from trtpd.perf.aiconfigurator import AicSystem, database_root, profile_from_aiconfigurator
+    from trtpd.perf.hardware import load_hardware, save_hardware
+    from trtpd.perf.profiling import with_measured
+
+    if not args.model or not args.system:
+        raise ConfigError("--from aiconfigurator needs --model and --system (e.g. --system h100_sxm)")
+    if args.engine_dir:
+        raise ConfigError("--engine-dir: not used with --from aiconfigurator")
+    system = AicSystem(database_root(args.aic_db), args.system, args.framework, args.framework_version)
+    measured = profile_from_aiconfigurator(
+        system, resolve_model(args.model), args.tp, args.weight_dtype, args.kv_dtype,
+        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    if args.output.is_file():
+        hardware = load_hardware(str(args.output))
+    else:
+        base = args.hardware or AIC_SYSTEMS.get(args.system)
+        if base is None:
+            raise ConfigError(f"--system {args.system}: no installed hardware profile matches; pass --hardware")
+        hardware = load_hardware(base)
+    hardware = hardware.model_copy(update={"measured": with_measured(hardware.measured, measured)})
+    save_hardware(hardware, args.output)
+    print(f"wrote {args.output}: {measured.model} TP{measured.tp} {measured.kv_dtype} KV from {measured.backend} "
+          f"({len(measured.prefill.num_tokens)} prefill points, {len(measured.decode.batch_sizes)} x "
+          f"{len(measured.decode.context_lens)} decode grid)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.source == "aiconfigurator":
+        return run_aiconfigurator(args)
+    if not args.engine_dir:
+        raise ConfigError("--engine-dir is required (or --from aiconfigurator)")
     from trtpd.engine.engine_config import EngineConfig
 
     from trtpd.engine import profiling

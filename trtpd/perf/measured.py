@@ -61,10 +61,10 @@ class MeasuredProfile(BaseModel):
 class MeasuredPerfModel:
     """PerfModel over measured curves. Prefill depends on batched tokens only (the profile's axis)."""
 
-    source = "measured"
-
     def __init__(self, profile: MeasuredProfile, serving: ServingOverhead | None = None) -> None:
         self.profile = profile
+        # where the numbers come from: "measured" (trtpd profile on an engine), or "measured: <backend>"
+        self.source = "measured" if profile.backend == "reference" else f"measured: {profile.backend}"
         self.serving = serving or ServingOverhead()
         self._prefill = Curve1D(tuple(profile.prefill.num_tokens), tuple(profile.prefill.latency_s))
         d = profile.decode
