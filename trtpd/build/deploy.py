@@ -7,8 +7,9 @@
   trtllm-serve/       prefill.yaml, decode.yaml, disagg.yaml, launch.sh (UCX/NIXL path)
   containers/         docker run lines and compose files for both paths (build/container_launch.py)
   python/trtpd/       a copy of trtpd's source for the python models, which import trtpd.serving.*:
-                      the containers ship without trtpd, and launch_triton.sh puts python/ on
-                      PYTHONPATH (no pip, no network, nothing written into the image's python)
+                      the containers ship without trtpd; launch_triton.sh installs it as one .pth
+                      file in the site-packages of the python3 on PATH (the python-backend stub
+                      ignores PYTHONPATH), with no pip and no network (launch.install_python_package_lines)
 """
 
 from __future__ import annotations

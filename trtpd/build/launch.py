@@ -48,15 +48,47 @@ def rank_args(rank: int, repo: Path, ports: TritonPorts, role_models: list[str])
 
 
 def mpirun_lines(world: MpiWorld, repo: Path, ports: TritonPorts, role_models: list[str]) -> list[str]:
-    head = [("--allow-run-as-root", None)] + [("-x", name) for name in (*ORCHESTRATOR_ENV, "PYTHONPATH")]
+    head = [("--allow-run-as-root", None)] + [("-x", name) for name in ORCHESTRATOR_ENV]
     require_valid(check_args("mpirun", head + [("-n", "1")]), "mpirun command")
-    require_valid(check_keys("env", {**ORCHESTRATOR_ENV, "PYTHONPATH": f"{repo.parent}/{PYTHON_DIR}"}),
-                  "launch environment")
+    require_valid(check_keys("env", ORCHESTRATOR_ENV), "launch environment")
     lines = ["mpirun " + " ".join(f if v is None else f"{f} {v}" for f, v in head)]
     for rank in range(world.world_size):
         args = " ".join(f if v is None else f"{f}={shlex.quote(v)}" for f, v in rank_args(rank, repo, ports, role_models))
         lines.append(("" if rank == 0 else ": ") + f"-n 1 {PINNED.tritonserver_bin} {args}")
     return lines
+
+
+PTH_NAME = "trtpd-deploy.pth"
+
+
+def install_python_package_lines() -> list[str]:
+    """Shell lines (after DEPLOY_DIR is set) that make the deploy folder's trtpd copy importable by the models.
+
+    The python-backend stub embeds Python in isolated mode, so PYTHONPATH is ignored; it takes the
+    site-packages of the `python3` first on PATH (environment.md, python-backend pitfall 1): in the Triton
+    25.12 container /opt/venv-tritonserver (backend Dockerfile: `python3.12 -m venv /opt/venv-tritonserver`,
+    its bin/ first on PATH). A .pth file there adds python/ to that interpreter's sys.path, also in isolated
+    mode; nothing is pip-installed and no network is needed. The check runs python3 -I, as the stub does.
+    """
+    src = f"$DEPLOY_DIR/{PYTHON_DIR}"
+    return [
+        "# The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving, which neither container",
+        f"# has: a {PTH_NAME} in the site-packages of the python3 on PATH (the one the python-backend stub uses; it",
+        f"# ignores PYTHONPATH) puts this folder's copy, {PYTHON_DIR}/, on its sys.path.",
+        f'if [ ! -f "{src}/trtpd/serving/bls_model.py" ]; then',
+        f'  echo "launch_triton.sh: {src}/trtpd is missing; rerun trtpd build --configs-only" >&2',
+        "  exit 1",
+        "fi",
+        'SITE_PACKAGES="$(python3 -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')"',
+        f'echo "{src}" > "$SITE_PACKAGES/{PTH_NAME}" || {{',
+        f'  echo "launch_triton.sh: cannot write $SITE_PACKAGES/{PTH_NAME}; run as the container\'s root" >&2; exit 1; }}',
+        f'if ! TRTPD_SRC="{src}" python3 -I -c \'import os, trtpd; '
+        f'raise SystemExit(not trtpd.__file__.startswith(os.environ["TRTPD_SRC"] + "/"))\'; then',
+        f'  echo "launch_triton.sh: python3 -I does not import trtpd from {src} (another trtpd installed in '
+        f'$SITE_PACKAGES?)" >&2',
+        "  exit 1",
+        "fi",
+    ]
 
 
 def _rank_table(world: MpiWorld) -> list[str]:
@@ -91,13 +123,7 @@ def render_triton_launch(plan: BuildPlan, world: MpiWorld, repo: Path, ports: Tr
         "set -euo pipefail",
         exports,
         'DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-        "# The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving; the container has no",
-        f"# trtpd, so the copy in {PYTHON_DIR}/ goes on PYTHONPATH, which every rank's python-backend stub inherits.",
-        f'if [ ! -f "$DEPLOY_DIR/{PYTHON_DIR}/trtpd/serving/bls_model.py" ]; then',
-        f'  echo "launch_triton.sh: $DEPLOY_DIR/{PYTHON_DIR}/trtpd is missing; rerun trtpd build --configs-only" >&2',
-        "  exit 1",
-        "fi",
-        f'export PYTHONPATH="$DEPLOY_DIR/{PYTHON_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"',
+        *install_python_package_lines(),
         f"exec {body}",
         "",
     ])

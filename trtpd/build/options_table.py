@@ -148,9 +148,6 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("tritonserver", "--load-model", "str", None, None, _LAUNCH),
     TrtllmOption("env", "TRTLLM_ORCHESTRATOR", "enum", ("1",), None, _LAUNCH),
     TrtllmOption("env", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES", "enum", ("0", "1"), None, _LAUNCH),
-    TrtllmOption("env", "PYTHONPATH", "path", None, None,
-                 "trtllm-1.2.md §6 (neither container has trtpd); the python-backend stub inherits tritonserver's "
-                 "environment, so trtpd's deploy/python copy is put on PYTHONPATH"),
     # UCX for the trtllm-serve KV transceiver (cache_transceiver_config.backend UCX, or NIXL over UCX)
     TrtllmOption("env", "UCX_MEMTYPE_CACHE", "enum", ("n", "y"), "y", _UCX),
     TrtllmOption("env", "UCX_CUDA_IPC_ENABLE_MNNVL", "enum", ("n", "y"), None, _UCX),

@@ -1,14 +1,17 @@
 """The GPU repository's python models run in the 25.12 container as it ships: no trtpd installed.
 
-They import trtpd.serving.*, which the deploy folder carries in python/ (launch_triton.sh puts it on
-PYTHONPATH). A fresh interpreter with the repository and its editable install off sys.path imports every
-model.py from the deploy folder alone, and every module-level import outside trtpd is one the container has.
+They import trtpd.serving.*, which the deploy folder carries in python/; launch_triton.sh writes a .pth
+into the site-packages of the python3 on PATH (the python-backend stub ignores PYTHONPATH). A fresh
+interpreter with the repository and its editable install off sys.path imports every model.py from the
+deploy folder alone, every module-level import outside trtpd is one the container has, and the launch
+script's install lines work in a fresh venv.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from trtpd.build.deploy import plan_deploy, write_deploy
+from trtpd.build.launch import PTH_NAME, install_python_package_lines
 from trtpd.build.plan import plan_build
 from trtpd.build.recipe import load_recipes
 from trtpd.build.spec import BuildOverrides, make_request
@@ -91,3 +95,23 @@ def test_module_level_imports_outside_trtpd_are_in_the_container(deploy):
                 third_party.add(top)
     assert third_party <= CONTAINER_PACKAGES, f"not in the container: {sorted(third_party - CONTAINER_PACKAGES)}"
     assert {"numpy", "triton_python_backend_utils"} <= third_party
+
+
+def test_launch_install_lines_make_trtpd_importable_in_isolated_mode(deploy, tmp_path):
+    venv = tmp_path / "venv"          # stands in for /opt/venv-tritonserver: no trtpd, no pip
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    script = "set -euo pipefail\n" + f'DEPLOY_DIR="{deploy}"\n' + "\n".join(install_python_package_lines()) + "\n"
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert list(venv.glob(f"lib/python*/site-packages/{PTH_NAME}"))
+    found = subprocess.run([str(venv / "bin" / "python3"), "-I", "-c", "import trtpd; print(trtpd.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert found.stdout.strip().startswith(str(deploy / "python")), found.stderr
+
+
+def test_launch_install_lines_refuse_a_missing_copy(tmp_path):
+    script = "set -euo pipefail\n" + f'DEPLOY_DIR="{tmp_path}"\n' + "\n".join(install_python_package_lines()) + "\n"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "python/trtpd is missing" in out.stderr

@@ -16,14 +16,21 @@ set -euo pipefail
 export TRTLLM_ORCHESTRATOR=1
 export TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0
 DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving; the container has no
-# trtpd, so the copy in python/ goes on PYTHONPATH, which every rank's python-backend stub inherits.
+# The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving, which neither container
+# has: a trtpd-deploy.pth in the site-packages of the python3 on PATH (the one the python-backend stub uses; it
+# ignores PYTHONPATH) puts this folder's copy, python/, on its sys.path.
 if [ ! -f "$DEPLOY_DIR/python/trtpd/serving/bls_model.py" ]; then
   echo "launch_triton.sh: $DEPLOY_DIR/python/trtpd is missing; rerun trtpd build --configs-only" >&2
   exit 1
 fi
-export PYTHONPATH="$DEPLOY_DIR/python${PYTHONPATH:+:$PYTHONPATH}"
-exec mpirun --allow-run-as-root -x TRTLLM_ORCHESTRATOR -x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES -x PYTHONPATH \
+SITE_PACKAGES="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$DEPLOY_DIR/python" > "$SITE_PACKAGES/trtpd-deploy.pth" || {
+  echo "launch_triton.sh: cannot write $SITE_PACKAGES/trtpd-deploy.pth; run as the container's root" >&2; exit 1; }
+if ! TRTPD_SRC="$DEPLOY_DIR/python" python3 -I -c 'import os, trtpd; raise SystemExit(not trtpd.__file__.startswith(os.environ["TRTPD_SRC"] + "/"))'; then
+  echo "launch_triton.sh: python3 -I does not import trtpd from $DEPLOY_DIR/python (another trtpd installed in $SITE_PACKAGES?)" >&2
+  exit 1
+fi
+exec mpirun --allow-run-as-root -x TRTLLM_ORCHESTRATOR -x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES \
     -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_ \
     : -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix1_ --model-control-mode=explicit --load-model=prefill --load-model=decode \
     : -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix2_ --model-control-mode=explicit --load-model=prefill --load-model=decode \
