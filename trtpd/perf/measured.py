@@ -69,6 +69,22 @@ class MeasuredPerfModel:
         self._prefill = Curve1D(tuple(profile.prefill.num_tokens), tuple(profile.prefill.latency_s))
         d = profile.decode
         self._decode = Grid2D(tuple(d.batch_sizes), tuple(d.context_lens), tuple(tuple(r) for r in d.step_latency_s))
+        self._min_context = float(min(d.context_lens))
+        if profile.backend.startswith("aiconfigurator"):
+            # GPU curves: a colocated step reads the weights once (the reference CPU engine's curves keep the
+            # simulator's default, prefill + decode, as measured against it)
+            self.mixed_step_s = self._mixed_step_s
+
+    def _mixed_step_s(self, prefill_tokens: int, sum_sq_tokens: int, batch_size: int,
+                      total_context_tokens: int) -> float:
+        """One pass over the prompt tokens and the decode rows together: the prefill curve at all of them
+        (one weight read, linear layers at prompt + decode tokens) plus the decode rows' attention over
+        their context (the decode grid's growth with context, at this batch)."""
+        if not batch_size:
+            return self._prefill(prefill_tokens)
+        ctx = total_context_tokens / batch_size
+        attention = max(0.0, self._decode(batch_size, ctx) - self._decode(batch_size, self._min_context))
+        return self._prefill(prefill_tokens + batch_size) + attention + self.serving.step_overhead_s
 
     def prefill_s(self, num_tokens: int, sum_sq_tokens: int = 0) -> float:
         return self._prefill(num_tokens)

@@ -95,3 +95,11 @@ def test_interp_extends_linearly_and_never_goes_negative():
     assert interp([1.0, 2.0], [1.0, 2.0], 4.0) == pytest.approx(4.0)
     assert interp([1.0, 2.0], [1.0, 3.0], -5.0) == 0.0
     assert interp([3.0], [7.0], 100.0) == 7.0
+
+
+def test_a_colocated_step_reads_the_weights_once(system):
+    from trtpd.perf.measured import MeasuredPerfModel
+    perf = MeasuredPerfModel(profile_from_aiconfigurator(system, get_model("llama-3.1-8b"), 1, "fp8", "fp8"))
+    mixed = perf.mixed_step_s(512, 512 * 512, 32, 32 * 1024)
+    assert mixed < perf.prefill_s(512) + perf.decode_step_s(32, 32 * 1024)
+    assert mixed > max(perf.prefill_s(512), perf.decode_step_s(32, 32 * 1024))
