@@ -22,7 +22,7 @@ class VerifyOptions:
     try_fewer: bool = True
     max_simulations: int = 5
     compare_colocated: bool = True     # also search colocated configurations and recommend one side
-    compare_requests: int = 2000       # requests per simulation of a goodput search
+    compare_requests: int = 1000       # requests per simulation of a goodput search (more to cover the warm-up)
 
 
 def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
