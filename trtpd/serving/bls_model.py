@@ -32,9 +32,12 @@ from trtpd.serving.request_parsing import parse_word_list
 from trtpd.serving.stub_watch import StubWatch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# the client's inputs the context and generation requests carry unchanged, as upstream 1.2.1's
+# disaggregated_serving_bls create_context_request / create_generation_request forward them
 FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temperature",
              "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list", "bad_words_list",
-             "return_generation_logits")
+             "return_generation_logits", "len_penalty", "repetition_penalty", "presence_penalty",
+             "frequency_penalty", "pad_id", "embedding_bias")
 ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params"]
 DEFAULT_MAX_INFLIGHT = 24
 DEFAULT_MAX_QUEUED = 1000
@@ -204,6 +207,9 @@ class DisaggBls:
         return None
 
     def _sub_request(self, job: _Job, model: str, params: dict, extra: list) -> object:
+        """Every sub-request streams, whatever the client asked (upstream 1.2.1's BLS forwards the client's flag):
+        tokens are relayed as they come, a client that left is noticed between tokens, and a non-streaming client
+        still gets one response with every token. The context request's single response is the same either way."""
         if self.auth_key is not None:   # proves to the role model that the orchestrator sent it (kv/auth.py)
             from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
             params = {**params, AUTH_PARAMETER: orchestrator_token(

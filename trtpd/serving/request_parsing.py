@@ -101,7 +101,27 @@ def parse_word_list(value: "np.ndarray | None", name: str) -> list[list[int]]:
     return words
 
 
+# TensorRT-LLM sampling inputs the reference engine does not implement: accepted at their neutral values (what
+# TensorRT-LLM does without them), refused otherwise, so no request is silently sampled differently
+ROLE_NEUTRAL = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def unsupported_sampling(get: GetInput) -> list[str]:
+    problems = []
+    for name, neutral in ROLE_NEUTRAL.items():
+        value = _scalar(get, name, neutral)
+        if float(value) != neutral:
+            problems.append(f"{name}={float(value):g} is not supported by the reference backend (only {neutral:g})")
+    bias = get("embedding_bias")
+    if bias is not None and np.any(np.asarray(bias) != 0):
+        problems.append("embedding_bias with non-zero entries is not supported by the reference backend")
+    return problems   # len_penalty (beam search only; one beam here) and pad_id change nothing: accepted
+
+
 def parse_sampling(get: GetInput, request_id: str) -> SamplingParams:
+    unsupported = unsupported_sampling(get)
+    if unsupported:
+        raise RequestError(f"request {request_id}: {'; '.join(unsupported)}")
     temperature = float(_scalar(get, "temperature", 0.0))
     top_k, top_p = _int(get, "runtime_top_k", 0), float(_scalar(get, "runtime_top_p", 1.0))
     seed = _int(get, "seed", 0)

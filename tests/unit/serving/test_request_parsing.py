@@ -151,3 +151,22 @@ def test_error_kind_blames_the_client_only_for_client_faults():
     assert error_kind(KvLayoutMismatchError("x", [])) == "internal"
     assert error_kind(KvTransferTimeoutError("x")) == "unavailable"
     assert error_kind(RuntimeError("x")) == "internal"
+
+
+def test_tensorrt_llm_sampling_inputs_at_their_neutral_values_are_accepted():
+    f32 = lambda v: np.array([[v]], dtype=np.float32)   # noqa: E731
+    req = parse_request(getter(**BASE, repetition_penalty=f32(1.0), presence_penalty=f32(0.0),
+                               frequency_penalty=f32(0.0), len_penalty=f32(0.7), pad_id=np.array([[0]], np.int32),
+                               embedding_bias=np.zeros((1, 32), np.float32)), {}, "r", 0)
+    assert req.max_new_tokens == 4
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("repetition_penalty", np.array([[1.2]], np.float32), "repetition_penalty=1.2 is not supported"),
+    ("presence_penalty", np.array([[0.5]], np.float32), "presence_penalty=0.5 is not supported"),
+    ("frequency_penalty", np.array([[-0.5]], np.float32), "frequency_penalty=-0.5 is not supported"),
+    ("embedding_bias", np.array([[0.0, 1.0]], np.float32), "embedding_bias with non-zero entries"),
+])
+def test_sampling_the_reference_backend_cannot_do_is_refused_by_name(name, value, message):
+    with pytest.raises(RequestError, match=message):
+        parse_request(getter(**BASE, **{name: value}), {}, "r7", 0)
