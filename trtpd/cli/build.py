@@ -30,6 +30,9 @@ def register(subparsers) -> None:
                     f"are in build/tensorrtllm/*.yaml.")
     p.add_argument("--model", required=True,
                    help="catalog name (e.g. llama-2-70b) or a Hugging Face checkpoint folder with config.json")
+    p.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml",
+                   help="a `trtpd plan` file: TP, instance counts, batch sizes, token budgets, lengths, "
+                        "tokens_per_block and the KV dtype come from it (a flag that contradicts it is an error)")
     p.add_argument("--backend", choices=("tensorrtllm", "reference"), default="tensorrtllm",
                    help="tensorrtllm: TensorRT-LLM engines (GPU); reference: the CPU reference engines")
     p.add_argument("--engines-dir", type=Path, default=Path("engines"), help="output root; engines/<model>/")
@@ -93,9 +96,43 @@ def _resolve_precision(args) -> tuple[bool | None, str | None]:
     return fp8, dtype
 
 
+def plan_values(plan) -> dict[str, object]:
+    """What a plan fixes of a build: per role TP, instances, batch size and token budget; the lengths; the KV."""
+    p, d = plan.prefill, plan.decode
+    if p is None or d is None:
+        raise ConfigError(f"the plan has no configuration to build (feasible: {plan.feasible}, binding "
+                          f"constraint: {plan.binding_constraint})")
+    max_input = max(p.max_input_len, d.max_input_len)
+    return {"prefill_tp": p.tp, "decode_tp": d.tp, "prefill_instances": p.num_instances,
+            "decode_instances": d.num_instances, "prefill_max_batch_size": p.max_batch_size,
+            "decode_max_batch_size": d.max_batch_size, "prefill_max_num_tokens": p.max_num_tokens,
+            "decode_max_num_tokens": d.max_num_tokens, "max_input_len": max_input,
+            "max_output_len": d.max_seq_len - max_input, "tokens_per_block": plan.tokens_per_block,
+            "kv_dtype": plan.kv_dtype}
+
+
+def apply_plan(args) -> None:
+    """Fills the build's flags from --plan; a flag given on the command line must agree with it."""
+    from trtpd.schema.plan import load_plan
+
+    plan = load_plan(args.plan)
+    from trtpd.catalog import resolve_model
+    if resolve_model(args.model).name != resolve_model(plan.model).name:
+        raise ConfigError(f"{args.plan}: the plan is for model {plan.model}, --model is {args.model}")
+    given = a.given(args)
+    for name, value in plan_values(plan).items():
+        current = getattr(args, name)
+        if name in given and current != value:
+            raise ConfigError(f"--{name.replace('_', '-')} {current} contradicts {args.plan} ({name} {value}); "
+                              f"drop the flag or edit the plan")
+        setattr(args, name, value)
+
+
 def run(args) -> int:
     if args.dry_run:
         a.refuse_given(args, ("force",), "a dry run writes nothing, so there is nothing to replace")
+    if args.plan is not None:
+        apply_plan(args)
     fp8, dtype = _resolve_precision(args)
     if args.backend == "reference":
         return _run_reference(args, fp8, dtype)

@@ -109,3 +109,39 @@ def test_reference_dry_run_writes_nothing(fake_reference, tmp_path, capsys):
     assert run("--backend", "reference", "--model", "tiny-llama", "--dry-run", "--engines-dir", str(tmp_path)) == 0
     assert "would run: build_reference('tiny-llama'" in capsys.readouterr().out
     assert fake_reference == [] and list(tmp_path.iterdir()) == []
+
+
+def _plan_2k(tmp_path):
+    import yaml
+    from trtpd.resources import configs_dir
+    d = yaml.safe_load((configs_dir("plans") / "example-llama-2-70b-h100-chat-40rps.yaml").read_text())
+    d["prefill"].update(max_input_len=2048, max_seq_len=2049)
+    d["decode"].update(max_input_len=2048, max_seq_len=2432)
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(d))
+    return path
+
+
+def test_plan_supplies_tp_counts_batches_and_lengths(tmp_path, capsys):
+    assert run("--model", "llama-2-70b", "--plan", str(_plan_2k(tmp_path)), "--dry-run",
+               "--engines-dir", str(tmp_path / "engines")) == 0
+    out = capsys.readouterr().out
+    assert "prefill: TP1 PP1 x3, max_batch_size 21, max_num_tokens 4096, max_input_len 2048, max_seq_len 2432" in out
+    assert "decode:  TP2 PP1 x1, max_batch_size 600, max_num_tokens 600" in out
+    assert "--kv_cache_dtype fp8" in out and "--tokens_per_block 32" in out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--decode-tp", "4"), "--decode-tp 4 contradicts"),
+    (("--kv-dtype", "fp16"), "--kv-dtype fp16 contradicts"),
+])
+def test_a_flag_contradicting_the_plan_is_refused(tmp_path, capsys, extra, message):
+    assert run("--model", "llama-2-70b", "--plan", str(_plan_2k(tmp_path)), *extra, "--dry-run",
+               "--engines-dir", str(tmp_path / "engines")) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_plan_for_another_model_is_refused(tmp_path, capsys):
+    assert run("--model", "llama-3.1-8b", "--plan", str(_plan_2k(tmp_path)), "--dry-run",
+               "--engines-dir", str(tmp_path / "engines")) == 2
+    assert "the plan is for model llama-2-70b" in capsys.readouterr().err
