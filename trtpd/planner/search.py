@@ -201,6 +201,12 @@ def plan_search(problem: PlanProblem) -> SearchResult:
     rate = target.requests_per_s(planner.stats.mean_tokens_per_request) if target else None
     result = SearchResult(planner.stats, planner.max_input_len, planner.max_seq_len, rate, None, False,
                           rejected=list(planner.rejected), planner=planner)
+    context = problem.model.max_position_embeddings
+    if planner.max_seq_len > context:   # the plan is still made (the curves allow it), but no engine can be built
+        result.notes.append(f"the workload's longest prompt ({planner.max_input_len} tokens) plus its longest output "
+                            f"({planner.max_seq_len - planner.max_input_len}) is {planner.max_seq_len} tokens, beyond "
+                            f"{problem.model.name}'s context of {context} (max_position_embeddings): `trtpd build "
+                            f"--plan` refuses it; cap the workload's lengths or choose a longer-context model")
     if not planner.prefills or not planner.decodes:
         return no_candidates(planner, result)
     if rate is None:

@@ -68,3 +68,19 @@ def test_tokens_per_min_target_matches_rate(chat_problem, chat):
     stats_mean = chat.input_stats().mean + chat.output_stats().mean
     target = Target(tokens_per_min=40 * stats_mean * 60)
     assert target.requests_per_s(stats_mean) == pytest.approx(40)
+
+
+def test_a_workload_beyond_the_models_context_is_noted(chat_problem):
+    # chat-powerlaw: prompts up to 4,096 tokens + outputs up to 384 > Llama-2-70B's 4,096 positions
+    result = plan_search(chat_problem(40.0))
+    assert result.max_seq_len > 4096
+    assert any("beyond llama-2-70b's context of 4096" in n for n in result.notes)
+
+
+def test_a_workload_within_the_context_gets_no_such_note(chat_problem):
+    from dataclasses import replace
+
+    from trtpd.catalog import resolve_model
+    problem = chat_problem(40.0)
+    result = plan_search(replace(problem, model=resolve_model("llama-3.1-70b")))
+    assert not any("max_position_embeddings" in n for n in result.notes)
