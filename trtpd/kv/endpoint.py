@@ -3,8 +3,8 @@
     tcp://HOST:PORT            KV bytes travel on the TCP connection (crosses hosts)
     shm://HOST:PORT/SHM_NAME   control on TCP; KV bytes are copied out of /dev/shm/SHM_NAME (same host only)
     ucx://HOST:PORT            control on TCP; KV bytes on a UCX endpoint (ucxx), its port named in ACCEPT
-    mpi://HOST:PORT            control on TCP; KV bytes on an MPI intercommunicator (Connect to the MPI port
-                               named in ACCEPT); both processes run under `mpiexec -n 1` (mpi_mover.py)
+    mpi://HOST:PORT            control on TCP; KV bytes on an MPI intercommunicator made by MPI_Comm_join on the
+                               control socket (mpi_mover.py: how a process joins MPI without being under mpiexec)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trtpd.kv.errors import KvHandleMalformedError
 
-TRANSPORTS = ("tcp", "shm", "ucx")
+TRANSPORTS = ("tcp", "shm", "ucx", "mpi")
 
 
 @dataclass(frozen=True)

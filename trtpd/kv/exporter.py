@@ -204,7 +204,7 @@ class KvExporter:
             if self._shm_identity:
                 accept += self._shm_identity.pack_accept(export.block_ids)
             elif self._mover is not None:
-                pending = self._mover.expect(mover.channel_token(self._key, nonce, importer_nonce))
+                pending = self._mover.expect(mover.channel_token(self._key, nonce, importer_nonce), sock)
                 accept += mover.pack_accept(self._mover.address, export.block_ids)
             frame.send_frame(sock, Kind.ACCEPT, accept)
             plan = None
@@ -283,7 +283,8 @@ class KvExporter:
                     sock.settimeout(self._remaining_s(export))
                     sock.sendall(frame.pack_header(Kind.LAYER, 0, layer=layer))
                     base = layer * self._layer_stride_bytes
-                    channel.start_send([self._pool_view[base + src:base + src + size] for src, _, size in plan])
+                    channel.start_send([self._pool_view[base + src:base + src + size] for src, _, size in plan],
+                                       self._remaining_s(export))
             elif self.transport == "shm":   # say which layers are ready; the importer copies them from the pool
                 sock.settimeout(self._remaining_s(export))
                 sock.sendall(b"".join(frame.pack_header(Kind.LAYER, 0, layer=layer)

@@ -149,7 +149,7 @@ class _Pull:
         if self.endpoint.transport == "shm":
             move_layer = self._shm_mover(accept)
         elif self.endpoint.transport in mover.MOVER_TRANSPORTS:
-            move_layer = self._channel_mover(accept, mover.channel_token(key, nonce, my_nonce))
+            move_layer = self._channel_mover(sock, accept, mover.channel_token(key, nonce, my_nonce))
         else:
             move_layer = self._tcp_mover(sock)
         layer_done_s, layer_move_s = [], []
@@ -186,7 +186,7 @@ class _Pull:
             self.wire_bytes += frame.recv_into_buffers(sock, [view[base + o:base + o + n] for o, n in spans])
         return move
 
-    def _channel_mover(self, accept: bytes, token: bytes) -> Callable[[int, int], None]:
+    def _channel_mover(self, sock: socket.socket, accept: bytes, token: bytes) -> Callable[[int, int], None]:
         address, src_block_ids = mover.unpack_accept(accept)
         if len(src_block_ids) != len(self.dst_block_ids):
             raise KvProtocolError(f"{self.where}: the exporter names {len(src_block_ids)} blocks, the request has "
@@ -198,7 +198,7 @@ class _Pull:
         self.waiting_for = f"the {self.endpoint.transport} channel to open"
         client = self.importer._mover_client(self.endpoint.transport)
         self.channel = client.connect(self.endpoint.host, address, mover.pack_hello(token, self.dst_block_ids),
-                                      self._remaining_s())
+                                      self._remaining_s(), sock)
         self.channel.start_recv([[view[layer * stride + dst:layer * stride + dst + size] for _, dst, size in plan]
                                  for layer in range(self.layout.num_layers)])
 

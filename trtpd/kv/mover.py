@@ -4,6 +4,7 @@ The control path is the same for every transport (frame.py: HELLO, PULL with the
 exporter's proof, LAYER headers as layers become ready, DONE, ACK, CONFIRM); only the bytes move elsewhere:
 
     exporter -> importer  ACCEPT   proof (32) | u16 address length | mover address | u32 per source block id
+    (mpi only)            MPI_Comm_join on the control socket (mpi_mover.py), then on the intercommunicator:
     importer -> mover     hello    channel token (32) | u32 number of destination blocks, then u32 per block id
                                    token = HMAC(derive(key, "kv-pull/mover"), exporter nonce | importer nonce):
                                    only the two ends of this authenticated pull can compute it, so a channel
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import socket
 import struct
 import threading
 from typing import Protocol
@@ -37,8 +39,8 @@ class Channel(Protocol):
     def send(self, buffers: list[memoryview], timeout_s: float) -> None:
         """Sends and waits (the importer's hello)."""
 
-    def start_send(self, buffers: list[memoryview]) -> None:
-        """Posts one layer's segments; they go out while the caller goes on."""
+    def start_send(self, buffers: list[memoryview], timeout_s: float) -> None:
+        """Posts one layer's segments; they go out while the caller goes on (ucx) or before it returns (mpi)."""
 
     def wait_sent(self, timeout_s: float) -> None:
         """Every posted segment went out (before DONE: the blocks stay the exporter's until the ACK)."""
@@ -61,7 +63,8 @@ class MoverServer(Protocol):
 
     address: bytes
 
-    def expect(self, token: bytes) -> "PendingChannel": ...
+    def expect(self, token: bytes, sock: socket.socket) -> "PendingChannel":
+        """Before ACCEPT goes out on `sock` (the pull's control socket): wait() then yields the channel."""
 
     def forget(self, pending: "PendingChannel") -> None: ...
 
@@ -71,7 +74,8 @@ class MoverServer(Protocol):
 class MoverClient(Protocol):
     """The importer's side: opens one channel per pull."""
 
-    def connect(self, host: str, address: bytes, hello: bytes, timeout_s: float) -> Channel: ...
+    def connect(self, host: str, address: bytes, hello: bytes, timeout_s: float, sock: socket.socket) -> Channel:
+        """After ACCEPT came on `sock`: opens (or reuses) a channel to `address` and sends the hello on it."""
 
     def close(self) -> None: ...
 

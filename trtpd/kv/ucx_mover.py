@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import socket
 import threading
 import time
 from typing import Callable
@@ -101,7 +102,7 @@ class UcxChannel:
     def send(self, buffers: list[memoryview], timeout_s: float) -> None:
         self._loop.run(self._send(buffers), timeout_s)
 
-    def start_send(self, buffers: list[memoryview]) -> None:
+    def start_send(self, buffers: list[memoryview], timeout_s: float = 0.0) -> None:
         self._sends.append(self._loop.submit(self._send(buffers)))
 
     def wait_sent(self, timeout_s: float) -> None:
@@ -192,7 +193,7 @@ class UcxServer:
         except self._loop.error:
             pass
 
-    def expect(self, token: bytes) -> PendingChannel:
+    def expect(self, token: bytes, sock: socket.socket | None = None) -> PendingChannel:
         return self._table.expect(token)
 
     def forget(self, pending: PendingChannel) -> None:
@@ -216,7 +217,8 @@ class UcxClient:
         self._lock = threading.Lock()
         self._idle: dict[tuple[str, int], list[UcxChannel]] = {}
 
-    def connect(self, host: str, address: bytes, hello: bytes, timeout_s: float) -> UcxChannel:
+    def connect(self, host: str, address: bytes, hello: bytes, timeout_s: float,
+                sock: socket.socket | None = None) -> UcxChannel:
         try:
             where = (host, int(address))
         except ValueError:

@@ -19,6 +19,13 @@ from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import SHM_DIR, KvPool
 
 CHILD = Path(__file__).with_name("exporter_child.py")
+# ucx and mpi do not share a process (ucxx's libucp 1.19 and MPICH's UCX netmod are the same libucp.so.0): mpi
+# runs in a pytest process of its own (test_kv_mpi.py sets TRTPD_TEST_KV_TRANSPORTS=mpi).
+TRANSPORTS_ENV = "TRTPD_TEST_KV_TRANSPORTS"
+
+
+def transports_under_test() -> tuple[str, ...]:
+    return tuple(os.environ.get(TRANSPORTS_ENV, "tcp,shm,ucx").split(","))
 ANSWER_TIMEOUT_S = 30.0
 
 
@@ -33,7 +40,8 @@ class PrefillProcess:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self._answers.put(json.loads(line))
+            if line.startswith("{"):      # (UCX and MPI libraries log warnings to stdout)
+                self._answers.put(json.loads(line))
         self._answers.put({"error": f"prefill process exited with {self.proc.wait()}"})
 
     def call(self, cmd: str, answer_timeout_s: float = ANSWER_TIMEOUT_S, **args) -> dict:

@@ -19,8 +19,10 @@ from trtpd.kv.importer import KvImporter
 from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import SHM_DIR, KvPool
 
+from tests.integration.kv.conftest import transports_under_test
+
 pytestmark = pytest.mark.integration
-TRANSPORTS = ("tcp", "shm", "ucx")
+TRANSPORTS = transports_under_test()
 LAYOUT = KvLayout(num_layers=4, num_kv_heads=2, head_size=16, tokens_per_block=8, dtype="fp16")
 IMPORTER = Path(__file__).with_name("importer_child.py")
 
@@ -81,7 +83,7 @@ def test_prefill_killed_mid_pull_fails_the_pull_with_a_clear_error_in_time(trans
         thread = threading.Thread(target=pull, daemon=True)
         thread.start()
         exporter.mark(["req-p"], 0)
-        assert got_layer.wait(10)
+        assert got_layer.wait(10), outcome
         os.kill(process.proc.pid, signal.SIGKILL)
         thread.join(timeout=15)
         assert not thread.is_alive()

@@ -15,8 +15,10 @@ from trtpd.kv.importer import KvImporter
 from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import KvPool
 
+from tests.integration.kv.conftest import transports_under_test
+
 pytestmark = pytest.mark.integration
-TRANSPORTS = ("tcp", "shm", "ucx")
+TRANSPORTS = transports_under_test()
 SENTINEL = 0xAB
 
 

@@ -20,8 +20,10 @@ from trtpd.kv.importer import KvImporter
 from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import KvPool
 
+from tests.integration.kv.conftest import transports_under_test
+
 pytestmark = pytest.mark.integration
-TRANSPORTS = ("tcp", "shm", "ucx")
+TRANSPORTS = transports_under_test()
 LAYOUT = KvLayout(num_layers=3, num_kv_heads=2, head_size=8, tokens_per_block=8, dtype="fp16")
 
 

@@ -57,7 +57,7 @@ def test_receive_reports_a_closed_peer():
 
 
 @pytest.mark.parametrize("text", ["tcp://127.0.0.1:41000", "shm://127.0.0.1:5/trtpd_pool_a", "tcp://[::1]:7",
-                                  "ucx://127.0.0.1:41000"])
+                                  "ucx://127.0.0.1:41000", "mpi://10.0.0.5:9"])
 def test_endpoint_round_trip(text):
     assert str(KvEndpoint.parse(text)) == text
 
