@@ -4,7 +4,7 @@
 
 The KV is Llama-2-70B-shaped (80 layers, 8 KV heads, head size 128, 32 tokens per block), fp16 and fp8.
 The exporter runs in a separate process (multiprocessing spawn) on a pool in /dev/shm; this process pulls
-into its own pool. memcpy is torch's copy_ of the same byte count with 1 thread, measured in the same run
+into its own pool (shm, tcp, ucx; mpi is measured apart, see trtpd/kv/mpi_mover.py). memcpy is torch's copy_ of the same byte count with 1 thread, measured in the same run
 (first, before any exporter process starts; median of max(--reps, 9)).
 Transfer times are medians over --reps pulls, each from connect to the exporter's confirmation.
 
@@ -34,7 +34,7 @@ from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import SHM_DIR, KvPool
 from trtpd.kv.spans import num_blocks_for, pool_bytes
 
-TRANSPORTS = ("shm", "tcp")
+TRANSPORTS = ("shm", "tcp", "ucx")   # mpi: see the report; ucxx and MPICH cannot share the exporter process
 
 
 def llama2_70b_layout(dtype: str) -> KvLayout:
