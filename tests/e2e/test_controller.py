@@ -135,6 +135,10 @@ def test_scale_under_load_keeps_every_request_and_its_greedy_output(deployment):
             assert trtpd(["scale", "scale", target, "--timeout-s", "120"]) == 0
             timings[target] = time.monotonic() - started
             role, n = target.split("=")
+            # converged in the store; a retired instance leaves fleet.json as its stop is carried out
+            deadline = time.monotonic() + 10
+            while counts("scale")[role] != int(n) and time.monotonic() < deadline:
+                time.sleep(0.1)
             assert counts("scale")[role] == int(n)
         time.sleep(1.0)
     print(f"scale timings (CLI, until converged): {timings}; {len(load.results)} requests under load")
