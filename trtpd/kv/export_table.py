@@ -21,6 +21,14 @@ from trtpd.kv.frame import ErrorCode
 NUM_RECENT_RELEASED = 4096   # remembered so that a late pull learns why its export is gone
 
 
+PEER_POLL_S = 0.2            # how often a session waiting on prefill checks that its puller is still there
+PeerCheck = Callable[[], str | None]   # says why the pulling side is gone, or None while it is there
+
+
+class PeerGone(ConnectionError):
+    """The pulling side hung up while its session waited for layers or the first token: a broken pull."""
+
+
 class Abort(Exception):
     """Why an export stops being served; the session sends it to the importer as an ERROR frame."""
 
@@ -133,22 +141,32 @@ class ExportTable:
             export.is_attached = True
             return export
 
-    def wait_layers(self, export: Export, num_sent: int) -> int:
-        """Blocks until more than `num_sent` layers are ready; returns how many are. Raises the export's Abort."""
+    def wait_layers(self, export: Export, num_sent: int, peer_gone: PeerCheck | None = None) -> int:
+        """Blocks until more than `num_sent` layers are ready; returns how many are. Raises the export's Abort,
+        or PeerGone when `peer_gone` (polled every PEER_POLL_S while waiting) says the pulling side hung up."""
         with self.cond:
             while export.abort is None and export.num_layers_ready <= num_sent:
-                self.cond.wait()
+                self._wait_watching(peer_gone)
             if export.abort is not None:
                 raise export.abort
             return export.num_layers_ready
 
-    def wait_first_token(self, export: Export) -> int:
+    def wait_first_token(self, export: Export, peer_gone: PeerCheck | None = None) -> int:
         with self.cond:
             while export.abort is None and export.first_token is None:
-                self.cond.wait()
+                self._wait_watching(peer_gone)
             if export.abort is not None:
                 raise export.abort
             return export.first_token
+
+    def _wait_watching(self, peer_gone: PeerCheck | None) -> None:
+        if peer_gone is None:
+            self.cond.wait()
+            return
+        self.cond.wait(timeout=PEER_POLL_S)
+        why = peer_gone()
+        if why:
+            raise PeerGone(why)
 
     def ack(self, export: Export, num_bytes: int) -> None:
         """Records the importer's ACK, unless the export was aborted first (then raises its Abort)."""

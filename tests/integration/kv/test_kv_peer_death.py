@@ -56,12 +56,33 @@ def test_decode_killed_mid_pull_releases_the_blocks_and_the_exporter_serves_othe
     assert exporter.wait_released("req-k", timeout_s=20.0)
     assert time.monotonic() - start_s < 20.0
     stats = exporter.stats()
-    assert (stats["num_pending"], stats["num_pulls"], stats["num_broken_pulls"]) == (0, 0, 1)
+    assert (stats["num_pending"], stats["num_pulls"], stats["num_broken_pulls"], stats["num_timeouts"]) == (0, 0, 1, 0)
     other = KvImporter(KvPool(LAYOUT, 8), exporters.key)       # the exporter still serves
     exporter.register("req-next", [4], 8)
     assert other.pull(other.verify(exporter.complete("req-next", 9), time.time()), [5]).first_token == 9
     assert exporter.wait_released("req-next")
     other.close()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_decode_killed_while_prefill_is_still_running_releases_the_blocks_before_prefill_goes_on(exporters, transport):
+    """No further layer, no first token: only the session's watch on its socket can see the puller is gone
+    (before it, the blocks stayed held until the export's deadline and the release counted a timeout)."""
+    exporter = exporters.start(transport, LAYOUT, timeout_s=60.0)
+    handle = exporter.register("req-s", [0, 1], 12)
+    importer = start_importer(exporters.key, handle, [2, 3])
+    try:
+        exporter.mark(["req-s"], 0)
+        assert importer.stdout.readline().strip() == "layer 0"
+        os.kill(importer.pid, signal.SIGKILL)
+        importer.wait(10)
+    finally:
+        if importer.poll() is None:
+            importer.kill()
+            importer.wait()
+    assert exporter.wait_released("req-s", timeout_s=30.0)    # half the deadline: a timeout cannot pass this
+    stats = exporter.stats()
+    assert (stats["num_pending"], stats["num_pulls"], stats["num_broken_pulls"], stats["num_timeouts"]) == (0, 0, 1, 0)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

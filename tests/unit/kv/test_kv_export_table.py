@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from trtpd.kv.export_table import Abort, ExportTable
+from trtpd.kv.export_table import Abort, ExportTable, PeerGone
 from trtpd.kv.frame import ErrorCode
 
 
@@ -85,3 +85,34 @@ def test_a_handle_of_an_earlier_export_with_the_same_id_is_refused():
     with pytest.raises(Abort, match="earlier export of this request id"):
         table.attach("a", issued_at_s=99.0)
     assert table.attach("a", issued_at_s=100.0).request_id == "a"
+
+
+def test_a_session_waiting_on_prefill_sees_its_puller_hang_up_and_the_release_counts_a_broken_pull():
+    table = ExportTable(num_layers=2)
+    export = table.add("a", [0], 10, timeout_s=30.0)
+    table.attach("a", 0.0)
+    checks = []
+
+    def peer_gone():
+        checks.append(1)
+        return "the decode side closed the connection" if len(checks) >= 3 else None
+
+    with pytest.raises(PeerGone, match="closed the connection"):
+        table.wait_layers(export, 0, peer_gone=peer_gone)     # no layer ever becomes ready: only the check ends it
+    assert len(checks) == 3
+    table.release(export, "pull connection broke")
+    assert table.drain_released() == ["a"] and table.counters.num_broken_pulls == 1
+    assert table.counters.num_timeouts == 0
+
+
+def test_the_first_token_wait_watches_the_puller_too_and_a_present_puller_gets_the_token():
+    table = ExportTable(num_layers=1)
+    export = table.add("a", [0], 10, timeout_s=30.0)
+    table.attach("a", 0.0)
+    table.mark_ready(["a"], 0)
+    with pytest.raises(PeerGone):
+        table.wait_first_token(export, peer_gone=lambda: "reset")
+    other = table.add("b", [1], 10, timeout_s=30.0)
+    table.attach("b", 0.0)
+    threading.Timer(0.3, table.complete, args=("b", 7)).start()
+    assert table.wait_first_token(other, peer_gone=lambda: None) == 7
