@@ -46,4 +46,21 @@ if [ "${TRTPD_SETUP_AIPERF:-0}" = 1 ] && [ ! -x .venv-aiperf/bin/aiperf ]; then
   .venv-aiperf/bin/python -m pip install --quiet "aiperf==0.13.0" 2>&1 | grep -v "is ignored" || true
   [ -x .venv-aiperf/bin/aiperf ] || echo "[setup] WARNING: aiperf did not install; its e2e test will fail"
 fi
+# NVIDIA's AIConfigurator (its measured per-operator database, and its own `aiconfigurator cli` answer that
+# benchmarks/aic_reproduce.py and tests/unit/perf/test_aiconfigurator_db.py compare trtpd against): in a venv of
+# its own, because it needs numpy >= 2.1 and .venv pins numpy < 2 (pytriton). aiconfigurator-core carries the
+# database (~80 MB of parquet); the aiconfigurator package carries the CLI and reads the core's database. (Its
+# `cli estimate` points to aisimulate==0.12.0 as its future home; that is an sdist whose build fails here.)
+aic_pins="aiconfigurator==0.12.0 aiconfigurator-core==0.12.0"
+if [ "${TRTPD_SETUP_AIC:-0}" = 1 ] && [ "$(cat .venv-aic/.trtpd-aic 2>/dev/null)" != "$aic_pins" ]; then
+  echo "[setup] installing $aic_pins into .venv-aic (about a minute)"
+  [ -x .venv-aic/bin/python ] || "$PY" -m venv .venv-aic
+  # shellcheck disable=SC2086
+  .venv-aic/bin/python -m pip install --quiet $aic_pins 2>&1 | grep -v "is ignored" || true
+  if [ -x .venv-aic/bin/aiconfigurator ] && .venv-aic/bin/python -c "import aiconfigurator_core, pyarrow" 2>/dev/null; then
+    echo "$aic_pins" > .venv-aic/.trtpd-aic
+  else
+    echo "[setup] WARNING: AIConfigurator did not install into .venv-aic; its tests and benchmarks/aic_reproduce.py will fail"
+  fi
+fi
 echo "[setup] ready: .venv ($(.venv/bin/python -c 'import torch;print("torch", torch.__version__)'))"

@@ -8,20 +8,31 @@ milliseconds (systems/data/<system>/<op>/<framework>/<version>/*.parquet).
 
 For a dense GQA model at TP t on one device's share, a forward pass is, per layer: the QKV, O,
 gate-up and down GEMMs (m = tokens in the pass), its attention, and two all-reduces of tokens x
-hidden (t > 1); plus the LM head. Prefill T tokens = one sequence of T (the curve's axis is batched
-tokens; a batch of shorter prompts has less attention than this); decode = batch b at context c.
+hidden (t > 1); plus the LM head (one row per sequence). Prefill T tokens = one sequence of T (the curve's
+axis is batched tokens; a batch of shorter prompts has less attention than this: context_s(batch, isl)
+composes that case); decode = batch b at context c.
 Between measured points: linear in each axis (GEMM shapes not in the table scale from the nearest
-measured (n, k) by n x k). The sum is the operators only: no launch, scheduling or sampling time.
+measured (n, k) by n x k). The sum is the operators only: no launch, scheduling or sampling time. The LM
+head is a bf16 GEMM in fp8 checkpoints too, as TensorRT-LLM runs it. AIConfigurator's own estimate adds
+what its tables do not measure, from speed-of-light formulas with empirical factors: the norms, the
+activation, the embedding, and the RoPE and KV-cache write fused into context attention (about 5% of a
+Qwen3-32B pass; benchmarks/aic_reproduce.py compares the two per operator).
 
 Reading parquet needs pyarrow (AIConfigurator's own environment has it); a table may also be given as
-a CSV next to it with the same stem (how the unit tests carry a small extract).
+a CSV next to it with the same stem (how the unit tests carry a small extract). trtpd's .venv has no
+pyarrow (and AIConfigurator needs numpy >= 2, .venv pins numpy < 2), so export_database() has
+AIConfigurator's environment (.venv-aic, `TRTPD_SETUP_AIC=1 scripts/setup.sh`) write the installed tables
+as CSV (trtpd/perf/aic_export.py) for database_root() to read.
 """
 
 from __future__ import annotations
 
 import bisect
 import csv
+import json
 import math
+import os
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +45,29 @@ DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DECODE_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
 GEMM_DTYPES = {"fp8": "fp8", "fp16": "bfloat16", "bf16": "bfloat16"}
 KV_DTYPES = {"fp8": "fp8", "fp16": "bfloat16", "bf16": "bfloat16"}
+AIC_SETUP_HINT = "run `TRTPD_SETUP_AIC=1 scripts/setup.sh` (it creates .venv-aic with aiconfigurator 0.12.0)"
+EXPORT_SCRIPT = Path(__file__).with_name("aic_export.py")
+
+
+def aic_python(venv: Path | None = None) -> Path:
+    """The Python of AIConfigurator's own environment: venv, else $TRTPD_AIC_VENV, else the checkout's .venv-aic."""
+    venv = venv or Path(os.environ.get("TRTPD_AIC_VENV") or Path(__file__).resolve().parents[2] / ".venv-aic")
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        raise ConfigError(f"{venv}: no AIConfigurator environment here; {AIC_SETUP_HINT}")
+    return python
+
+
+def export_database(system: str, out: Path, python: Path | None = None, framework: str = "trtllm") -> dict:
+    """Has AIConfigurator's environment (which has pyarrow) write its installed tables for system as CSV
+    under out, where database_root(out) finds them; returns what trtpd/perf/aic_export.py reports."""
+    python = python or aic_python()
+    proc = subprocess.run([str(python), str(EXPORT_SCRIPT), "--system", system, "--framework", framework,
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise ConfigError(f"exporting AIConfigurator's {system} tables with {python} failed: "
+                          f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def database_root(explicit: Path | None = None) -> Path:
@@ -210,22 +244,41 @@ class AicComposer:
         self.gemm_dtype, self.kv_dtype = GEMM_DTYPES[weight_dtype], KV_DTYPES[kv_dtype]
         self.shapes = DenseLayerShapes(model, tp)
 
-    def _layers_ms(self, num_tokens: int, attention_ms: float) -> float:
-        gemms = sum(self.system.gemm_ms(num_tokens, n, k, self.gemm_dtype) for n, k in self.shapes.gemms())
-        comm = 2 * self.system.allreduce_ms(self.tp, num_tokens * self.model.hidden_size)
-        return self.model.num_layers * (gemms + attention_ms + comm)
+    def _ops_ms(self, num_tokens: int, logits_rows: int, attention_ms: float) -> dict[str, float]:
+        """One forward pass over num_tokens tokens, by operator (all layers), in milliseconds."""
+        layers, dt = self.model.num_layers, self.gemm_dtype
+        names = ("qkv_gemm", "proj_gemm", "gate_ffn1_gemm", "ffn2_gemm")
+        ops = {name: layers * self.system.gemm_ms(num_tokens, n, k, dt)
+               for name, (n, k) in zip(names, self.shapes.gemms())}
+        ops["attention"] = layers * attention_ms
+        ops["all_reduce"] = layers * 2 * self.system.allreduce_ms(self.tp, num_tokens * self.model.hidden_size)
+        # the LM head stays bf16 in fp8 checkpoints (TensorRT-LLM's FP8 recipes leave lm_head unquantized, and
+        # AIConfigurator models it so)
+        ops["logits_gemm"] = self.system.gemm_ms(logits_rows, self.model.vocab_size // self.tp, self.model.hidden_size,
+                                                 "bfloat16")
+        return ops
 
-    def _lm_head_ms(self, num_rows: int) -> float:
-        return self.system.gemm_ms(num_rows, self.model.vocab_size // self.tp, self.model.hidden_size, self.gemm_dtype)
+    def context_ops_ms(self, batch_size: int, isl: int) -> dict[str, float]:
+        """A context pass of batch_size prompts of isl tokens each (GEMMs at batch x isl rows, attention over
+        batch_size sequences, one logits row per prompt)."""
+        attn = self.system.attention_ms("context_attention_perf", batch_size, isl, self.shapes.heads, self.kv_dtype)
+        return self._ops_ms(batch_size * isl, batch_size, attn)
 
-    def prefill_s(self, num_tokens: int) -> float:
-        attn = self.system.attention_ms("context_attention_perf", 1, num_tokens, self.shapes.heads, self.kv_dtype)
-        return (self._layers_ms(num_tokens, attn) + self._lm_head_ms(1)) / 1e3
-
-    def decode_step_s(self, batch_size: int, context_len: int) -> float:
+    def decode_ops_ms(self, batch_size: int, context_len: int) -> dict[str, float]:
+        """A decode step of batch_size sequences at context_len tokens each."""
         attn = self.system.attention_ms("generation_attention_perf", batch_size, context_len, self.shapes.heads,
                                         self.kv_dtype)
-        return (self._layers_ms(batch_size, attn) + self._lm_head_ms(batch_size)) / 1e3
+        return self._ops_ms(batch_size, batch_size, attn)
+
+    def context_s(self, batch_size: int, isl: int) -> float:
+        return sum(self.context_ops_ms(batch_size, isl).values()) / 1e3
+
+    def prefill_s(self, num_tokens: int) -> float:
+        """The prefill curve's point: one sequence of num_tokens."""
+        return self.context_s(1, num_tokens)
+
+    def decode_step_s(self, batch_size: int, context_len: int) -> float:
+        return sum(self.decode_ops_ms(batch_size, context_len).values()) / 1e3
 
     @property
     def backend(self) -> str:
