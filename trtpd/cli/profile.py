@@ -35,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--weight-dtype", default="fp8", choices=("fp8", "fp16", "bf16"), help="GEMM dtype")
     g.add_argument("--kv-dtype", default="fp8", choices=("fp8", "fp16", "bf16"), help="KV cache dtype")
     g.add_argument("--aic-db", type=Path, help="AIConfigurator's database: its aiconfigurator_core folder or "
-                                               "systems/data (default: the installed aiconfigurator-core)")
+                                               "systems/data (default: the installed aiconfigurator-core; "
+                                               "without it or pyarrow here, .venv-aic's, exported to CSV "
+                                               "through it: TRTPD_SETUP_AIC=1 scripts/setup.sh)")
     g.add_argument("--hardware", help="hardware profile to start from when --output does not exist "
                                       "(default: the installed one matching --system)")
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
@@ -64,7 +66,9 @@ AIC_SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "a100_sxm": "a100-80g
 
 def run_aiconfigurator(args: argparse.Namespace) -> int:
     from trtpd.catalog import resolve_model
-    from trtpd.perf.aiconfigurator import AicSystem, database_root, profile_from_aiconfigurator
+    import tempfile
+
+    from trtpd.perf.aiconfigurator import AicSystem, profile_from_aiconfigurator, readable_database
     from trtpd.perf.hardware import load_hardware, save_hardware
     from trtpd.perf.profiling import with_measured
 
@@ -72,10 +76,12 @@ def run_aiconfigurator(args: argparse.Namespace) -> int:
         raise ConfigError("--from aiconfigurator needs --model and --system (e.g. --system h100_sxm)")
     if args.engine_dir:
         raise ConfigError("--engine-dir: not used with --from aiconfigurator")
-    system = AicSystem(database_root(args.aic_db), args.system, args.framework, args.framework_version)
-    measured = profile_from_aiconfigurator(
-        system, resolve_model(args.model), args.tp, args.weight_dtype, args.kv_dtype,
-        measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    with tempfile.TemporaryDirectory(prefix="trtpd-aic-") as scratch:    # CSV export when .venv lacks pyarrow
+        root = readable_database(args.aic_db, args.system, args.framework, Path(scratch))
+        system = AicSystem(root, args.system, args.framework, args.framework_version)
+        measured = profile_from_aiconfigurator(
+            system, resolve_model(args.model), args.tp, args.weight_dtype, args.kv_dtype,
+            measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     if args.output.is_file():
         hardware = load_hardware(str(args.output))
     else:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -58,12 +59,15 @@ def aic_python(venv: Path | None = None) -> Path:
     return python
 
 
-def export_database(system: str, out: Path, python: Path | None = None, framework: str = "trtllm") -> dict:
-    """Has AIConfigurator's environment (which has pyarrow) write its installed tables for system as CSV
-    under out, where database_root(out) finds them; returns what trtpd/perf/aic_export.py reports."""
+def export_database(system: str, out: Path, python: Path | None = None, framework: str = "trtllm",
+                    root: Path | None = None) -> dict:
+    """Has AIConfigurator's environment (which has pyarrow) write its tables for system (from root, default
+    its installed database) as CSV under out, where database_root(out) finds them; returns what
+    trtpd/perf/aic_export.py reports."""
     python = python or aic_python()
-    proc = subprocess.run([str(python), str(EXPORT_SCRIPT), "--system", system, "--framework", framework,
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    cmd = [str(python), str(EXPORT_SCRIPT), "--system", system, "--framework", framework, "--out", str(out)]
+    proc = subprocess.run(cmd + (["--root", str(root)] if root else []), capture_output=True, text=True,
+                          timeout=300)
     if proc.returncode != 0:
         raise ConfigError(f"exporting AIConfigurator's {system} tables with {python} failed: "
                           f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
@@ -77,12 +81,34 @@ def database_root(explicit: Path | None = None) -> Path:
             if candidate.is_dir() and any(candidate.iterdir()):
                 return candidate
         raise ConfigError(f"{explicit}: no AIConfigurator database here (expected systems/data/<system>/...)")
-    import importlib.util
     spec = importlib.util.find_spec("aiconfigurator_core")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError("AIConfigurator's database not found: pip install aiconfigurator-core (in its own "
                           "environment: it needs numpy >= 2) and pass --aic-db <its aiconfigurator_core folder>")
     return Path(list(spec.submodule_search_locations)[0]) / "systems" / "data"
+
+
+def readable_database(explicit: Path | None, system: str, framework: str, scratch: Path) -> Path:
+    """The database root to read for system: the given (or this Python's installed) one when this Python can
+    read it (pyarrow, or CSV tables), else the same tables exported to CSV under scratch through
+    AIConfigurator's own environment (aic_python()); scratch must outlive the AicSystem reading it."""
+    try:
+        root: Path | None = database_root(explicit)
+    except ConfigError:
+        if explicit is not None:
+            raise
+        root = None
+    if root is not None and (importlib.util.find_spec("pyarrow") is not None
+                             or any((root / system).glob("*/*/*/*.csv"))):
+        return root
+    try:
+        python = aic_python()
+    except ConfigError as exc:
+        what = f"{root}: its parquet tables need pyarrow, which this Python lacks" if root else \
+            "AIConfigurator's database is not installed in this Python"
+        raise ConfigError(f"{what}; and {exc}") from None
+    export_database(system, scratch, python, framework, root=root)
+    return scratch
 
 
 def read_table(path: Path) -> list[dict]:

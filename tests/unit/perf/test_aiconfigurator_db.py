@@ -183,3 +183,20 @@ def test_context_attention_differs_from_aics_only_by_its_fused_extras(system, ai
         offsets.append(aic["estimates"][case]["ops"]["context_attention"] - ours)
     assert offsets[0] == pytest.approx(offsets[1], rel=0.02)
     assert 0 < offsets[0] / 80 < 0.03         # per layer: tens of microseconds
+
+
+def test_profile_cli_reads_the_installed_database_through_the_aic_environment(system, tmp_path, capsys):
+    """.venv has neither aiconfigurator-core nor pyarrow: `trtpd profile --from aiconfigurator` without
+    --aic-db exports the installed tables through .venv-aic and builds the curves from them."""
+    from trtpd.cli.main import main
+    from trtpd.perf.hardware import load_hardware
+    from trtpd.perf.measured import MeasuredPerfModel
+    out = tmp_path / "h100-aic.yaml"
+    assert main(["profile", "--from", "aiconfigurator", "--model", "llama-3.1-70b", "--tp", "2", "--system",
+                 SYSTEM, "--output", str(out)]) == 0
+    profile = load_hardware(str(out)).find_measured("llama-3.1-70b", 2, "fp8")
+    c = AicComposer(system, get_model("llama-3.1-70b"), 2, "fp8", "fp8")
+    perf = MeasuredPerfModel(profile)
+    assert perf.decode_step_s(32, 32 * 1024) == pytest.approx(c.decode_step_s(32, 1024), rel=1e-9)
+    assert perf.prefill_s(2048) == pytest.approx(c.prefill_s(2048), rel=1e-9)
+    assert "aiconfigurator h100_sxm trtllm (gemm 1.3.0rc20" in capsys.readouterr().out
