@@ -120,6 +120,7 @@ def test_aiperf_runs_offline_against_the_gateway_with_the_exported_tokenizer(fle
            "--endpoint-type", "completions", "--streaming", "--tokenizer", str(hf), "--request-count", "8",
            "--concurrency", "2", "--isl", "32", "--isl-stddev", "0", "--osl", "8", "--osl-stddev", "0",
            "--use-server-token-count", "--random-seed", "0", "--ui-type", "none", "--no-server-metrics",
+           "--extra-inputs", "ignore_eos:true",   # sampled (temperature 1): without it an early EOS shortens OSL
            "--no-gpu-telemetry", "--artifact-dir", str(art)]
     # not HF_HUB_OFFLINE=1: aiperf 0.13's offline path resolves every name as a hub repo (snapshot_download)
     # and refuses a local folder (HFValidationError); the online path loads the folder with no network use

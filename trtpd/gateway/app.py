@@ -143,7 +143,7 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
         max_new = _max_new_tokens(config, endpoint, len(prompt_ids), max_new_tokens)
         sampling = SamplingInputs(max_new_tokens=max_new, temperature=body.temperature, top_p=body.top_p,
                                   seed=body.seed if body.seed is not None else secrets.randbits(63),
-                                  end_id=config.eos_id)
+                                  end_id=-1 if body.ignore_eos else config.eos_id)   # -1: no end id
         request_id = secrets.token_hex(8)
         shape = ResponseShape(endpoint, request_id, config.model_name)
         ticket = service.ticket()   # ApiError(429) when the queue is full; the wait itself is part of TTFT

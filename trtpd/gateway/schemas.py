@@ -34,6 +34,7 @@ class _Sampling(BaseModel):
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    ignore_eos: bool = False      # vLLM's and trtllm-serve's extension: generate max_tokens, past any EOS
 
     @field_validator("stop")
     @classmethod

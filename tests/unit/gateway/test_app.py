@@ -186,3 +186,17 @@ def test_server_faults_are_5xx_and_the_queue_answers_429_when_full(folder, tmp_p
     assert first.status_code == 503 and second.status_code == 503
     assert "no decode instance is ready" in first.json()["error"]["message"]
     assert svc.num_queued == 0 and not svc._slots.locked()    # every slot came back
+
+
+@pytest.mark.parametrize("ignore_eos, want_end_id", [(False, 2), (True, -1)])
+def test_ignore_eos_sends_no_end_id_so_the_instance_generates_max_tokens(folder, tmp_path, ignore_eos, want_end_id):
+    svc = ScriptedService(make_config(folder, tmp_path))
+
+    async def go():
+        async with client(svc) as c:
+            return await c.post("/v1/completions", json={"model": "tiny-llama", "prompt": "Hi", "max_tokens": 3,
+                                                           "ignore_eos": ignore_eos})
+    r = run(go())
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3 and r.json()["choices"][0]["finish_reason"] == "length"
+    assert svc.orchestrator.calls[0][1].end_id == want_end_id == (-1 if ignore_eos else svc.config.eos_id)
