@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     aic = run_aic(python, sc)
     t_aic = time.perf_counter() - t0
     with tempfile.TemporaryDirectory(prefix="trtpd-aic-") as tmp:
-        export = export_database(sc["system"], Path(tmp), python)
+        export = export_database(sc["system"], Path(tmp), python, ops=("gemm", "attention", "comm"))
         system = AicSystem(database_root(Path(tmp)), sc["system"], version=aic["static"]["version"])
         model = model_from_config(aic["model_config"], sc["model"])
         composer = AicComposer(system, model, sc["tp"], "bf16", "bf16")

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine-dir", type=Path,
                    help="a reference build folder (with prefill-tp1/ and decode-tp1/) or one role's engine folder")
     g = p.add_argument_group("--from aiconfigurator")
-    g.add_argument("--model", help="catalog name (dense GQA/MHA models)")
+    g.add_argument("--model", help="catalog name (dense GQA/MHA models; DeepSeek-V3/V3.1: MLA + MoE at EP = TP)")
     g.add_argument("--tp", type=a.positive_int, default=1, help="tensor parallelism of the instance")
     g.add_argument("--system", help="AIConfigurator system name (h100_sxm, h200_sxm, a100_sxm, b200_sxm, ...)")
     g.add_argument("--framework", default="trtllm", help="AIConfigurator framework tables (default: trtllm)")

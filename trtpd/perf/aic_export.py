@@ -6,7 +6,8 @@ script, importing nothing from trtpd (trtpd's .venv pins numpy < 2, so the two c
     .venv-aic/bin/python trtpd/perf/aic_export.py --system h200_sxm --out /tmp/aic-csv
 
 writes <out>/<system>/<op>/<framework>/<version>/<table>.csv for every version of the tables the
-AIConfigurator source reads (GEMMs, context and generation attention, custom all-reduce), the same layout
+AIConfigurator source reads (GEMMs, context and generation attention, custom all-reduce; DeepSeek's MLA
+modules and the MoE experts; --ops gemm,attention,comm for the dense models' alone), the same layout
 as the database, so trtpd.perf.aiconfigurator.database_root(<out>) reads it. Every row and column is
 kept; numbers are written with repr(), which round-trips a float64 exactly. Prints one JSON line:
 {"root": <installed database>, "out": <out>, "tables": {<relative path>: rows}}.
@@ -22,7 +23,8 @@ import sys
 from pathlib import Path
 
 TABLES = (("gemm", "gemm_perf"), ("attention", "context_attention_perf"),
-          ("attention", "generation_attention_perf"), ("comm", "custom_allreduce_perf"))
+          ("attention", "generation_attention_perf"), ("comm", "custom_allreduce_perf"),
+          ("mla", "mla_context_module_perf"), ("mla", "mla_generation_module_perf"), ("moe", "moe_perf"))
 
 
 def installed_root() -> Path:
@@ -32,10 +34,12 @@ def installed_root() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "systems" / "data"
 
 
-def export(root: Path, system: str, framework: str, out: Path) -> dict[str, int]:
+def export(root: Path, system: str, framework: str, out: Path, ops: set[str] | None = None) -> dict[str, int]:
     import pyarrow.parquet as pq
     written: dict[str, int] = {}
     for op, table in TABLES:
+        if ops is not None and op not in ops:
+            continue
         folder = root / system / op / framework
         for parquet in sorted(folder.glob(f"*/{table}.parquet")) if folder.is_dir() else ():
             rel = parquet.relative_to(root).with_suffix(".csv")
@@ -60,11 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--framework", default="trtllm")
     p.add_argument("--root", type=Path, default=None, help="systems/data folder (default: the installed one)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--ops", default=None, help="comma-separated operator folders to export (default: all of "
+                                               f"{', '.join(sorted({op for op, _ in TABLES}))})")
     a = p.parse_args(argv)
     root = a.root or installed_root()
     if not (root / a.system).is_dir():
         sys.exit(f"{root}: no system {a.system!r} (have: {', '.join(sorted(q.name for q in root.iterdir()))})")
-    tables = export(root, a.system, a.framework, a.out)
+    tables = export(root, a.system, a.framework, a.out, set(a.ops.split(",")) if a.ops else None)
     if not tables:
         sys.exit(f"{root / a.system}: none of the tables {[t for _, t in TABLES]} for {a.framework}")
     print(json.dumps({"root": str(root), "out": str(a.out), "tables": tables}))

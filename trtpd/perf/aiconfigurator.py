@@ -60,14 +60,14 @@ def aic_python(venv: Path | None = None) -> Path:
 
 
 def export_database(system: str, out: Path, python: Path | None = None, framework: str = "trtllm",
-                    root: Path | None = None) -> dict:
+                    root: Path | None = None, ops: tuple[str, ...] | None = None) -> dict:
     """Has AIConfigurator's environment (which has pyarrow) write its tables for system (from root, default
     its installed database) as CSV under out, where database_root(out) finds them; returns what
     trtpd/perf/aic_export.py reports."""
     python = python or aic_python()
     cmd = [str(python), str(EXPORT_SCRIPT), "--system", system, "--framework", framework, "--out", str(out)]
-    proc = subprocess.run(cmd + (["--root", str(root)] if root else []), capture_output=True, text=True,
-                          timeout=300)
+    cmd += (["--root", str(root)] if root else []) + (["--ops", ",".join(ops)] if ops else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise ConfigError(f"exporting AIConfigurator's {system} tables with {python} failed: "
                           f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
@@ -159,6 +159,10 @@ class AicSystem:
     _cache: dict = field(default_factory=dict)
 
     def _path(self, op: str, table: str) -> Path:
+        return self._paths(op, table)[0]
+
+    def _paths(self, op: str, table: str) -> list[Path]:
+        """The table in every version that has it, the one to use first (the named version, else the newest)."""
         folder = self.root / self.system / op / self.framework
         if not folder.is_dir():
             have = ", ".join(sorted(p.name for p in self.root.iterdir() if p.is_dir()))
@@ -166,12 +170,12 @@ class AicSystem:
                               f"(systems: {have})")
         found = sorted((v for v in folder.iterdir() if (v / f"{table}.parquet").exists() or (v / f"{table}.csv").exists()),
                        key=lambda v: _version_key(v.name))
-        if self.version is not None:
-            found = [v for v in found if v.name == self.version] or found
         if not found:
             raise ConfigError(f"{folder}: no {table} table in any version")
-        self.versions[op] = found[-1].name
-        return found[-1] / f"{table}.parquet"
+        found.reverse()
+        found.sort(key=lambda v: v.name != self.version)          # stable: the named version first
+        self.versions.setdefault(op, found[0].name)
+        return [v / f"{table}.parquet" for v in found]
 
     def rows(self, op: str, table: str) -> list[dict]:
         key = (op, table)
@@ -218,6 +222,55 @@ class AicSystem:
         batches = sorted(curves)
         return interp([float(b) for b in batches], [interp(*curves[b], length) for b in batches], batch)
 
+    def mla_module_ms(self, phase: str, batch: int, length: float, heads: int, kv_dtype: str, gemm_dtype: str,
+                      models: tuple[str, ...]) -> float:
+        """DeepSeek's whole MLA attention block (projections, latent attention, output projection) on one
+        device holding `heads` heads, measured as one module for a model (the first of `models` the table
+        has): context (batch prompts of `length` tokens) or generation (batch sequences at context `length`)."""
+        table = f"mla_{phase}_module_perf"
+        key = (table, heads, kv_dtype, gemm_dtype, models)
+        if key not in self._cache:
+            rows = self.rows("mla", table)
+            have = {r["model"] for r in rows}
+            model = next((m for m in models if m in have), None)
+            if model is None:
+                raise ConfigError(f"AIConfigurator {self.system}: {table} measured {sorted(have)}, not {list(models)}")
+            by_batch: dict[int, dict[float, float]] = {}
+            for r in rows:
+                if (r["model"], int(r["num_heads"]), r["kv_cache_dtype"], r["gemm_type"]) == \
+                        (model, heads, kv_dtype, gemm_dtype):
+                    x = float(r["isl"]) if phase == "context" else float(r["step"])
+                    by_batch.setdefault(int(r["batch_size"]), {})[x] = float(r["latency"])
+            if not by_batch:
+                raise ConfigError(f"AIConfigurator {self.system}: no {table} for {heads} heads per device, "
+                                  f"{kv_dtype} KV, {gemm_dtype} GEMMs")
+            self._cache[key] = {b: _curve(p) for b, p in by_batch.items()}
+        curves = self._cache[key]
+        batches = sorted(curves)
+        return interp([float(b) for b in batches], [interp(*curves[b], length) for b in batches], batch)
+
+    def moe_ms(self, num_tokens: float, shape: tuple[int, int, int, int], moe_tp: int, moe_ep: int, dtype: str,
+               distribution: str = "power_law_1.01") -> float:
+        """The routed experts of one MoE layer for num_tokens tokens: shape = (hidden, expert intermediate,
+        experts per token, experts); the newest version that measured this shape."""
+        key = ("moe", shape, moe_tp, moe_ep, dtype, distribution)
+        if key not in self._cache:
+            points: dict[float, float] = {}
+            for path in self._paths("moe", "moe_perf"):
+                for r in read_table(path):
+                    if (r["moe_dtype"], int(r["hidden_size"]), int(r["inter_size"]), int(r["topk"]),
+                            int(r["num_experts"]), int(r["moe_tp_size"]), int(r["moe_ep_size"]),
+                            r["distribution"]) == (dtype, *shape, moe_tp, moe_ep, distribution):
+                        points[float(r["num_tokens"])] = float(r["latency"])
+                if points:
+                    self.versions["moe"] = path.parent.name
+                    break
+            if not points:
+                raise ConfigError(f"AIConfigurator {self.system}: no {dtype} MoE data for hidden/intermediate/top-k/"
+                                  f"experts {shape} at MoE TP {moe_tp} x EP {moe_ep} ({distribution})")
+            self._cache[key] = _curve(points)
+        return interp(*self._cache[key], num_tokens)
+
     def allreduce_ms(self, num_gpus: int, num_elements: float) -> float:
         if num_gpus <= 1:
             return 0.0
@@ -262,8 +315,8 @@ class AicComposer:
 
     def __init__(self, system: AicSystem, model: ModelSpec, tp: int, weight_dtype: str, kv_dtype: str) -> None:
         if model.is_moe or model.is_mla:
-            raise ConfigError(f"{model.name}: the AIConfigurator source composes dense GQA/MHA models only so far "
-                              f"(MoE and MLA tables exist in the database; use the roofline for this model)")
+            raise ConfigError(f"{model.name}: AicComposer composes dense GQA/MHA models only (MLA + MoE models: "
+                              f"AicMlaMoeComposer, through composer_for)")
         if weight_dtype not in GEMM_DTYPES or kv_dtype not in KV_DTYPES:
             raise ConfigError(f"weight dtype {weight_dtype!r} / KV dtype {kv_dtype!r}: use fp8, fp16 or bf16")
         self.system, self.model, self.tp = system, model, tp
@@ -313,9 +366,17 @@ class AicComposer:
                 f"{v.get('attention')}, all-reduce {v.get('comm', '-')}), {self.gemm_dtype} GEMMs")
 
 
+def composer_for(system: AicSystem, model: ModelSpec, tp: int, weight_dtype: str, kv_dtype: str):
+    """AicComposer for dense GQA/MHA models, AicMlaMoeComposer (trtpd/perf/aic_deepseek.py) for MLA + MoE."""
+    if model.is_mla and model.is_moe:
+        from trtpd.perf.aic_deepseek import AicMlaMoeComposer
+        return AicMlaMoeComposer(system, model, tp, weight_dtype, kv_dtype)
+    return AicComposer(system, model, tp, weight_dtype, kv_dtype)
+
+
 def profile_from_aiconfigurator(system: AicSystem, model: ModelSpec, tp: int, weight_dtype: str, kv_dtype: str,
                                 measured_at: str = "") -> MeasuredProfile:
-    c = AicComposer(system, model, tp, weight_dtype, kv_dtype)
+    c = composer_for(system, model, tp, weight_dtype, kv_dtype)
     prefill = PrefillCurve(num_tokens=list(PREFILL_TOKENS), latency_s=[c.prefill_s(t) for t in PREFILL_TOKENS])
     decode = DecodeGrid(batch_sizes=list(DECODE_BATCHES), context_lens=list(DECODE_CONTEXTS),
                         step_latency_s=[[c.decode_step_s(b, ctx) for ctx in DECODE_CONTEXTS] for b in DECODE_BATCHES])

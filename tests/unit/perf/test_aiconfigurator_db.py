@@ -92,7 +92,7 @@ def aic(venv_python):
 @pytest.fixture(scope="module")
 def exported(venv_python, tmp_path_factory):
     out = tmp_path_factory.mktemp("aic-csv")
-    return out, export_database(SYSTEM, out, venv_python)
+    return out, export_database(SYSTEM, out, venv_python, ops=("gemm", "attention", "comm"))
 
 
 @pytest.fixture(scope="module")
