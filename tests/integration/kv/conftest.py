@@ -20,10 +20,8 @@ from trtpd.kv.pool import SHM_DIR, KvPool
 
 CHILD = Path(__file__).with_name("exporter_child.py")
 # ucx and mpi do not share a process (ucxx's libucp 1.19 and MPICH's UCX netmod are the same libucp.so.0): mpi
-# runs in a pytest process of its own, by hand for now:
+# runs in a pytest process of its own, which test_kv_mpi.py starts in the suite; by hand:
 #   TRTPD_TEST_KV_TRANSPORTS=mpi .venv/bin/python -m pytest tests/integration/kv -k mpi
-# It is not in the suite: that process segfaults in about 1 run of 3 (issue 12: the mpi mover is unfinished and
-# not offered as a KV transport; the crash is not yet diagnosed). MPICH leaves mpich_shm_* in /dev/shm after it.
 TRANSPORTS_ENV = "TRTPD_TEST_KV_TRANSPORTS"
 
 

@@ -68,7 +68,11 @@ class Child:
 
     def stats(self, name: str) -> dict:
         exporter = self.exporters[name]
-        return {"num_pending": exporter.num_pending, **vars(exporter.counters)}
+        answer = {"num_pending": exporter.num_pending, **vars(exporter.counters)}
+        if exporter.transport == "mpi":     # this process's MPI connection handshakes (all its exporters)
+            from trtpd.kv.mpi_mover import MpiWorld
+            answer["mpi_handshakes"] = MpiWorld.get().num_handshakes
+        return answer
 
     def close(self, name: str) -> dict:
         self.exporters.pop(name).close()
