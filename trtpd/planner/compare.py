@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from trtpd.planner.colocated import ColocatedCandidate, candidates_for, static_rate_per_s
 from trtpd.planner.search import Choice, PlanProblem, Planner
 from trtpd.planner.verify import cluster_for
 from trtpd.sim.cluster import ClusterSpec
+from trtpd.sim.attainment import AttainmentWatch
 from trtpd.sim.goodput import max_goodput_rate_per_s
 from trtpd.sim.metrics import SimSummary, latencies, summarize
-from trtpd.sim.simulator import SimRun, default_max_in_system, simulate
+from trtpd.sim.simulator import SimRun, Simulator, default_max_in_system
 from trtpd.sim.workload import generate_requests
 
 NUM_BISECTIONS = 5
@@ -89,38 +91,68 @@ class Goodput:
     def _num_requests(self, rate: float) -> int:
         return int(min(MAX_REQUESTS_FACTOR * self.num_requests, max(self.num_requests, 3 * rate * self.warmup_s)))
 
-    def _run(self, cluster: ClusterSpec, rate: float) -> tuple[SimRun, SimSummary, float, float]:
+    def _simulator(self, cluster: ClusterSpec, rate: float) -> Simulator:
+        requests = generate_requests(self.problem.workload, rate, self._num_requests(rate), self.seed)
+        return Simulator(cluster, requests, max_in_system=default_max_in_system(cluster))
+
+    def _finish(self, sim: Simulator) -> tuple[SimRun, SimSummary, float, float]:
+        """Runs the simulation to its end (or on from where it stopped): the run, its summary, and the
+        shares of requests that miss TTFT and TPOT."""
         slo = self.problem.slo
-        run = simulate(cluster, generate_requests(self.problem.workload, rate, self._num_requests(rate), self.seed),
-                       max_in_system=default_max_in_system(cluster))
+        run = sim.run()
         lat = latencies(run, warmup_s=self.warmup_s)
         ttft_miss = float((~lat.done | (lat.ttft_s > slo.ttft_s)).mean()) if len(lat.done) else 1.0
         tpot_miss = float((lat.tpot_s > slo.tpot_s).mean()) if len(lat.done) else 1.0
         return run, summarize(run, slo.ttft_s, slo.tpot_s, warmup_s=self.warmup_s), ttft_miss, tpot_miss
 
+    def _run(self, cluster: ClusterSpec, rate: float) -> tuple[SimRun, SimSummary, float, float]:
+        return self._finish(self._simulator(cluster, rate))
+
     def passes(self, cluster: ClusterSpec, rate: float) -> tuple[bool, SimSummary]:
         _, summary, _, _ = self._run(cluster, rate)
         return (summary.slo_attainment or 0.0) >= self.problem.slo.attainment, summary
 
-    def search(self, cluster: ClusterSpec, static_rate_per_s: float) -> Measured:
-        """Starts at half the static estimate; rates over RATE_CAP x static count as misses."""
+    def search(self, cluster: ClusterSpec, static_rate_per_s: float,
+               give_up: Callable[[float], bool] | None = None, decide_early: bool = True) -> Measured | None:
+        """Starts at half the static estimate; rates over RATE_CAP x static count as misses.
+        give_up(hi): see max_goodput_rate_per_s; None when it stopped the search (the goodput is below hi).
+        decide_early: a probe's simulation stops once its pass or fail is certain (AttainmentWatch); only
+        the two whose figures the answer quotes (the goodput and the lowest failing rate) run on to the
+        end, as they would have without stopping."""
         slo = self.problem.slo
         seen: dict[float, tuple[SimRun, SimSummary, float, float]] = {}
+        stopped: dict[float, Simulator] = {}       # decided early, not yet run to the end
         start_rate_per_s = 0.5 * static_rate_per_s
 
         def probe(cluster_, workload, rate, ttft_s, tpot_s, num_requests, seed) -> float:
             if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
                 return 0.0
-            seen[rate] = self._run(cluster_, rate)
+            sim = self._simulator(cluster_, rate)
+            if decide_early:
+                watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=self.warmup_s,
+                                        response_latency_s=cluster_.response_latency_s)
+                if not sim.run_until_decided(watch):
+                    stopped[rate] = sim        # only pass or fail matters to the search
+                    return slo.attainment if watch.passed else 0.0
+            seen[rate] = self._finish(sim)
             return seen[rate][1].slo_attainment or 0.0
+
+        def full(rate: float) -> tuple[SimRun, SimSummary, float, float]:
+            if rate in stopped:
+                seen[rate] = self._finish(stopped.pop(rate))
+            return seen[rate]
         g = max_goodput_rate_per_s(cluster, self.problem.workload, slo.ttft_s, slo.tpot_s, slo.attainment,
-                                   self.num_requests, self.seed, max(start_rate_per_s, 1e-3), NUM_BISECTIONS, probe)
-        if g.rate_per_s <= 0 or g.rate_per_s not in seen:
+                                   self.num_requests, self.seed, max(start_rate_per_s, 1e-3), NUM_BISECTIONS, probe,
+                                   give_up)
+        if g.gave_up:
+            return None
+        probed = set(seen) | set(stopped)
+        if g.rate_per_s <= 0 or g.rate_per_s not in probed:
             return Measured(0.0, None, None, 1.0, 1.0)
-        run, summary, ttft_miss, tpot_miss = seen[g.rate_per_s]
-        failing = [r for r in seen if r > g.rate_per_s]
+        run, summary, ttft_miss, tpot_miss = full(g.rate_per_s)
+        failing = [r for r in probed if r > g.rate_per_s]
         if failing:
-            _, _, ttft_miss, tpot_miss = seen[min(failing)]
+            _, _, ttft_miss, tpot_miss = full(min(failing))
         return Measured(g.rate_per_s, summary, run, ttft_miss, tpot_miss)
 
 
@@ -171,29 +203,44 @@ def shortlist(planner: Planner) -> list[tuple[ColocatedCandidate, float]]:
     return [(c, r) for group in per_tp for c, r in group if r / c.tp >= 0.6 * best_per_gpu]
 
 
-def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None) -> Side | None:
+def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None,
+                   prune: bool = True) -> Side | None:
+    """The best colocated configuration of the shortlist, by simulated goodput. prune: search the most
+    promising candidates first and stop another's goodput search as soon as it cannot beat the best
+    found (`_Best.loses`); the answer is the same as searching every candidate to the end."""
     space = planner.problem.space
     tpb = space.tokens_per_block
-    found: list[tuple[tuple, ColocatedCandidate, int, float, Measured]] = []
-    for c, static in shortlist(planner):
+    candidates = shortlist(planner)
+    best = _Best(rate, max_gpus)
+    found: list[tuple[int, tuple, ColocatedCandidate, int, float, Measured]] = []
+    order = sorted(range(len(candidates)), key=lambda i: _promise(candidates[i], rate, max_gpus)) if prune \
+        else range(len(candidates))
+    for i in order:
+        c, static = candidates[i]
+        give_up = (lambda hi, c=c: best.loses(c.tp, hi)) if prune else None
         if rate is None:                       # a budget: fill it with instances of this TP
             assert max_gpus is not None
             num = max_gpus // c.tp
             if num < 1:
                 continue
-            m = goodput.search(c.cluster(num, tpb), static * num)
-            found.append(((-m.rate_per_s, num * c.tp), c, num, static * num, m))
+            m = goodput.search(c.cluster(num, tpb), static * num, give_up)
+            if m is None:
+                continue
+            key: tuple = (-m.rate_per_s, num * c.tp)
+            found.append((i, key, c, num, static * num, m))
         else:                                   # a target: one instance's goodput sizes the count
-            m = goodput.search(c.cluster(1, tpb), static)
-            if m.rate_per_s <= 0:
+            m = goodput.search(c.cluster(1, tpb), static, give_up)
+            if m is None or m.rate_per_s <= 0:
                 continue
             num = max(1, math.ceil(rate / m.rate_per_s - 1e-9))
             if max_gpus is not None and num * c.tp > max_gpus:
                 continue
-            found.append(((num * c.tp, -m.rate_per_s / c.tp), c, num, static, m))
+            key = (num * c.tp, -m.rate_per_s / c.tp)
+            found.append((i, key, c, num, static, m))
+        best.add(key)
     if not found:
         return None
-    _, c, num, static, m = min(found, key=lambda f: f[0])
+    _, _, c, num, static, m = min(sorted(found, key=lambda f: f[0]), key=lambda f: f[1])
     meets, target_summary = None, None
     if rate is not None:
         for _ in range(MAX_BUMPS):
@@ -203,10 +250,47 @@ def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_g
             num += 1
         static *= num
         m = goodput.search(c.cluster(num, tpb), static)
+        assert m is not None
     side = Side("colocated", f"{num}x TP{c.tp} {c.policy}", num * c.tp, {"colocated": c.tp}, {"colocated": num},
                 {"colocated": c.max_batch_size}, {"colocated": c.max_num_tokens}, static, m, c.inst.source,
                 policy=c.policy, meets_target=meets, target_summary=target_summary, colocated=c)
     return side
+
+
+def _promise(candidate: tuple[ColocatedCandidate, float], rate: float | None, max_gpus: int | None) -> tuple:
+    """Search order (most promising first, by the static estimate); any order gives the same answer."""
+    c, static = candidate
+    if rate is None:
+        assert max_gpus is not None
+        return (-static * (max_gpus // c.tp), c.tp)
+    num = max(1, math.ceil(rate / static)) if static > 0 else math.inf
+    return (num * c.tp, -static / c.tp)
+
+
+class _Best:
+    """The best colocated key found so far (the smallest: budget (-goodput, GPUs); target (GPUs, -goodput
+    per GPU)), and whether a candidate whose goodput is below hi can still beat it."""
+
+    def __init__(self, rate: float | None, max_gpus: int | None) -> None:
+        self.rate, self.max_gpus = rate, max_gpus
+        self.key: tuple | None = None
+
+    def add(self, key: tuple) -> None:
+        if self.key is None or key < self.key:
+            self.key = key
+
+    def loses(self, tp: int, hi: float) -> bool:
+        """True when every goodput g < hi gives a key above the best (or no key at all)."""
+        if self.rate is None:                  # key (-g, GPUs): -g > -hi >= best's -goodput
+            return self.key is not None and -hi >= self.key[0]
+        # num(g) = ceil(rate / g - 1e-9) can only grow as g falls below hi
+        num = max(1, math.ceil(self.rate / hi - 1e-9))
+        if self.max_gpus is not None and num * tp > self.max_gpus:
+            return True                        # over the budget: never a key
+        if self.key is None:
+            return False
+        gpus, neg_per_gpu = self.key           # (strictly: g < hi gives -g / tp >= -hi / tp after rounding)
+        return num * tp > gpus or (num * tp == gpus and -hi / tp > neg_per_gpu)
 
 
 # -- the answer ----------------------------------------------------------------------------------------

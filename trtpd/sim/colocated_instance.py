@@ -25,6 +25,7 @@ from trtpd.perf.model import PerfModel
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
+from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
 from trtpd.sim.stepping import SteppingInstance
@@ -48,7 +49,8 @@ class ColocatedInstance(SteppingInstance):
     def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: BatchSchedulerConfig,
                  num_blocks: int, tokens_per_block: int, records: RequestRecords,
                  exact_steps: bool = False, on_prefilled: Callable[[int], None] | None = None,
-                 on_finished: Callable[[int], None] | None = None, policy: ColocatedPolicy = "inflight") -> None:
+                 on_finished: Callable[[int], None] | None = None, policy: ColocatedPolicy = "inflight",
+                 inline_steps: bool = True) -> None:
         if not config.prefill_in_step:
             raise ValueError("a colocated instance needs BatchSchedulerConfig(prefill_in_step=True)")
         if policy not in COLOCATED_POLICIES:
@@ -58,11 +60,13 @@ class ColocatedInstance(SteppingInstance):
         self.perf = perf
         self.policy = policy
         self.token_budget = config.max_num_tokens
-        allocator = BlockAllocator(num_blocks, tokens_per_block)
+        allocator = (BlockAllocator if exact_steps else BlockCounter)(num_blocks, tokens_per_block)
         # chunked: admission is bounded by batch slots and KV only; the instance splits prompts into chunks
         sched_config = replace(config, prefill_in_step=False) if policy == "chunked" else config
         self.scheduler = ContinuousBatchScheduler(sched_config, allocator)
         self.exact_steps = exact_steps
+        self.inline_steps = inline_steps and not exact_steps   # decode-only steps (trtpd.sim.stepping)
+        self.horizon_s: Callable[[], float] = loop.next_event_s  # the next event that could reach it
         self.records = records
         self.on_prefilled = on_prefilled   # (request index): its prompt left the queue (the router is told)
         self.on_finished = on_finished     # (request index): the router releases the request
@@ -96,13 +100,17 @@ class ColocatedInstance(SteppingInstance):
             self._start_step(now_s)
 
     # -- step starts -------------------------------------------------------------------------------
-    def _start_step(self, now_s: float) -> None:
+    def _start_step(self, now_s: float, after_step: bool = False) -> None:
+        """after_step: called at the end of a step (decode-only steps may follow inline)."""
         if self.policy == "chunked":
-            self._start_chunked_step(now_s)
+            self._start_chunked_step(now_s, after_step)
         elif self.policy == "prefill_first" and self.scheduler.can_admit_next():
             self._start_prefill_only_step(now_s)
         else:
-            self._start_mixed_step(now_s)
+            self._start_mixed_step(now_s, after_step)
+
+    def _decode_only_step_s(self, batch_size: int, total_context_tokens: int) -> float:
+        return mixed_step_s(self.perf, 0, 0, batch_size, total_context_tokens)
 
     def _admit(self, num_decode_rows: int) -> tuple[SimSequence, ...]:
         if self.exact_steps:
@@ -114,7 +122,7 @@ class ColocatedInstance(SteppingInstance):
             return self.scheduler.admit(num_decode_rows=num_decode_rows)  # type: ignore[return-value]
         return ()
 
-    def _start_mixed_step(self, now_s: float) -> None:
+    def _start_mixed_step(self, now_s: float, after_step: bool = False) -> None:
         """inflight (and prefill_first's decode steps, which admit nothing): whole prompts join the step."""
         admitted = self._admit(self.num_ready) if self.policy == "inflight" else self._decode_only_plan()
         prefill_tokens = sum_sq = 0
@@ -130,7 +138,7 @@ class ColocatedInstance(SteppingInstance):
             self.is_stepping = False
             return
         duration_s = mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
-        self._begin_step(now_s, duration_s)
+        self._begin_step(now_s, duration_s, self._decode_only_step_s if after_step and not admitted else None)
 
     def _decode_only_plan(self) -> tuple[SimSequence, ...]:
         if self.exact_steps and self.num_ready:
@@ -156,7 +164,7 @@ class ColocatedInstance(SteppingInstance):
         self.is_stepping = True
         self.loop.push(now_s + duration_s, self._step_done)
 
-    def _start_chunked_step(self, now_s: float) -> None:
+    def _start_chunked_step(self, now_s: float, after_step: bool = False) -> None:
         for seq in self._admit(self.num_ready):
             self.chunking.append(seq)
             self.num_computed[seq.request_id] = 0
@@ -180,7 +188,7 @@ class ColocatedInstance(SteppingInstance):
             self.is_stepping = False
             return
         duration_s = mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
-        self._begin_step(now_s, duration_s)
+        self._begin_step(now_s, duration_s, self._decode_only_step_s if after_step and not chunks else None)
 
     # -- step ends ---------------------------------------------------------------------------------
     def _step_done(self, now_s: float, _: object = None) -> None:
@@ -199,7 +207,7 @@ class ColocatedInstance(SteppingInstance):
             self.step_chunks = []
             self.prefilling = tuple(finished)
         self._prompts_done(now_s)
-        self._start_step(now_s)
+        self._start_step(now_s, after_step=True)
 
     def _prompts_done(self, now_s: float) -> None:
         records = self.records

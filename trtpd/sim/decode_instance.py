@@ -23,6 +23,7 @@ from trtpd.perf.model import PerfModel
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
+from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
 from trtpd.sim.stepping import SteppingInstance
@@ -51,13 +52,15 @@ class DecodeInstance(SteppingInstance):
                  records: RequestRecords, first_token_at_decode: bool,
                  on_kv_pulled: Callable[[float, int], None], exact_steps: bool = False,
                  contention: Callable[[], float] | None = None,
-                 on_finished: Callable[[int], None] | None = None) -> None:
+                 on_finished: Callable[[int], None] | None = None, inline_steps: bool = True) -> None:
         self.index = index
         self.loop = loop
         self.perf = perf
-        allocator = BlockAllocator(num_blocks, tokens_per_block)
+        allocator = (BlockAllocator if exact_steps else BlockCounter)(num_blocks, tokens_per_block)
         self.scheduler = ContinuousBatchScheduler(config, allocator)
         self.exact_steps = exact_steps
+        self.inline_steps = inline_steps and not exact_steps   # decode-only steps (trtpd.sim.stepping)
+        self.horizon_s: Callable[[], float] = loop.next_event_s  # the next event that could reach it
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
         self.records = records
@@ -65,6 +68,7 @@ class DecodeInstance(SteppingInstance):
         self.on_kv_pulled = on_kv_pulled   # (now_s, request index): lets prefill free its copy
         self.contention = contention       # () -> step slowdown factor from other work on shared cores
         self.on_finished = on_finished     # (request index): the router releases the request
+        self._step_s = perf.decode_step_s if contention is None else self._contended_step_s
         self.is_stepping = False
         self.num_steps = 0                 # completed steps
         self.num_ready = 0                 # sequences in the current/next step
@@ -114,7 +118,9 @@ class DecodeInstance(SteppingInstance):
         if not self.is_stepping:
             self._start_step(now_s)
 
-    def _start_step(self, now_s: float) -> None:
+    def _start_step(self, now_s: float, after_step: bool = False) -> None:
+        """after_step: called at the end of a step, after admission was tried (decode-only steps may follow
+        inline)."""
         if self.joining:
             step = self.num_steps + 1
             finishing, push = self.finishing, heapq.heappush
@@ -133,13 +139,16 @@ class DecodeInstance(SteppingInstance):
         duration_s = self.perf.decode_step_s(self.num_ready, self.total_context_tokens)
         if self.contention is not None:
             duration_s *= self.contention()
-        self._begin_step(now_s, duration_s)
+        self._begin_step(now_s, duration_s, self._step_s if after_step else None)
+
+    def _contended_step_s(self, batch_size: int, total_context_tokens: int) -> float:
+        return self.perf.decode_step_s(batch_size, total_context_tokens) * self.contention()  # type: ignore[misc]
 
     def _step_done(self, now_s: float, _: object = None) -> None:
         self._end_step(now_s)
         if self.scheduler.waiting and not self.exact_steps:
             self._admit(now_s)
-        self._start_step(now_s)
+        self._start_step(now_s, after_step=True)
 
     def _finish(self, now_s: float, seq: SimSequence) -> None:
         records = self.records

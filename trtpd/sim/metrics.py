@@ -9,11 +9,11 @@ requests meets it) is `trtpd.sim.goodput.max_goodput_rate_per_s`.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
+from trtpd.sim.attainment import measured_start_index
 from trtpd.sim.simulator import SimRun
 
 PERCENTILES = (50, 90, 99)
@@ -84,12 +84,8 @@ class Latencies:
 
 
 def measured_start(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0) -> int:
-    """Index of the first measured request: past the first warmup_fraction of requests and past
-    warmup_s of simulated time (e.g. the time decode batches need to fill: the longest output x TPOT)."""
-    arrival = run.records.arrival_s
-    by_count = int(len(arrival) * warmup_fraction)
-    by_time = bisect.bisect_left(arrival, arrival[0] + warmup_s) if arrival and warmup_s > 0 else 0
-    return min(max(by_count, by_time), max(len(arrival) - 1, 0))
+    """Index of the first measured request (trtpd.sim.attainment.measured_start_index)."""
+    return measured_start_index(run.records.arrival_s, warmup_fraction, warmup_s)
 
 
 def latencies(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0) -> Latencies:

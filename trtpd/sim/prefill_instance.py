@@ -32,6 +32,7 @@ class PrefillInstance:
         self.timer_at_s: float | None = None
         self.queued_tokens = 0             # waiting + in the running batch: the router's load signal
         self.busy_s = 0.0
+        self._prefill_s: dict[tuple[int, int], float] = {}   # perf.prefill_s by (tokens, sum of squares)
 
     def add(self, now_s: float, index: int) -> None:
         num_tokens = self.records.input_tokens[index]
@@ -61,7 +62,10 @@ class PrefillInstance:
             num_tokens += n
             sum_sq += n * n
             prefill_start[request.request_id] = now_s
-        duration_s = self.perf.prefill_s(num_tokens, sum_sq)
+        key = (num_tokens, sum_sq)
+        duration_s = self._prefill_s.get(key)
+        if duration_s is None:   # a perf model is a pure function of its arguments: batches repeat
+            duration_s = self._prefill_s[key] = self.perf.prefill_s(num_tokens, sum_sq)
         self.busy_s += duration_s
         self.free_kv_tokens -= num_tokens
         self.is_busy = True

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trtpd.routing.core import Router, RoutingPolicy
+from trtpd.sim.attainment import AttainmentWatch
 from trtpd.sim.cluster import ClusterSpec
 from trtpd.sim.colocated_instance import ColocatedInstance
 from trtpd.sim.decode_instance import DecodeInstance, KvLink
@@ -60,11 +61,14 @@ class _Overloaded(Exception):
 class Simulator:
     def __init__(self, cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False,
                  max_in_system: int | None = None, scaler: Scaler | None = None,
-                 scaling: ScalingOptions = ScalingOptions()) -> None:
+                 scaling: ScalingOptions = ScalingOptions(), inline_steps: bool = True) -> None:
         """max_in_system: stop once more requests than this are waiting or running (an overloaded
         configuration's queue only grows; the requests not finished count as SLO misses).
-        scaler: asked for target instance counts every scaling.interval_s (trtpd.sim.scaling)."""
+        scaler: asked for target instance counts every scaling.interval_s (trtpd.sim.scaling).
+        inline_steps: run decode-only steps that nothing can interrupt without the event heap
+        (trtpd.sim.stepping; the same run either way, False for the tests that show it)."""
         self.cluster = cluster
+        self.inline_steps = inline_steps
         self.max_in_system = max_in_system
         self.requests = requests
         self.exact_steps = exact_steps
@@ -98,6 +102,8 @@ class Simulator:
         self._max_seq_tokens = _blocks(c.decode.kv_capacity_tokens, tpb) * tpb
         self.num_rejected = 0
         self._first_token_at_prefill = cluster.first_token_at == "prefill"
+        self.watch: AttainmentWatch | None = None      # told of each finished or refused request
+        self._has_started = self._has_ended = self.overloaded = False
         self._busy_at_tick: dict[str, float] = {}
 
     def _make_instance(self, role: str, i: int):
@@ -113,10 +119,15 @@ class Simulator:
                                   _blocks(c.decode.kv_capacity_tokens, tpb), tpb,
                                   KvLink(c.kv_link.bytes_per_s, c.kv_link.latency_s), c.kv_link.kv_bytes_per_token,
                                   self.records, c.first_token_at == "decode", self._on_kv_pulled, self.exact_steps,
-                                  self._contention if c.decode_contention else None, self._on_finished)
-        return ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
-                                 _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records, self.exact_steps,
-                                 self._on_colocated_prefilled, self._on_finished, c.colocated_policy)
+                                  self._contention if c.decode_contention else None, self._on_finished,
+                                  self.inline_steps)
+        instance = ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
+                                     _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records, self.exact_steps,
+                                     self._on_colocated_prefilled, self._on_finished, c.colocated_policy,
+                                     self.inline_steps)
+        if self.scaler is None:   # only an arrival reaches a colocated instance (its peers' steps do not)
+            instance.horizon_s = self.loop.next_arrival_s
+        return instance
 
     # -- routing -----------------------------------------------------------------------------------
     def _on_arrival(self, now_s: float, index: int) -> None:
@@ -125,6 +136,7 @@ class Simulator:
                 r.input_tokens[index] + r.output_tokens[index] > self._max_seq_tokens:
             self.num_rejected += 1      # never served: counts as unfinished and as an SLO miss
             r.rejected[index] = True
+            self._refused(index)
             return
         if self.max_in_system is not None and index - self.num_rejected - r.num_done > self.max_in_system:
             raise _Overloaded
@@ -136,6 +148,7 @@ class Simulator:
         if route is None:               # no instance serves this length (prefill buckets): refused
             self.num_rejected += 1
             r.rejected[index] = True
+            self._refused(index)
             return
         instance = self._by_name[route.instance]
         if self.colocated:
@@ -158,7 +171,18 @@ class Simulator:
     def _on_colocated_prefilled(self, index: int) -> None:
         self.router.prefill_done(self._ids[index])
 
+    def _refused(self, index: int) -> None:
+        if self.watch is not None:
+            self.watch.missed(index)
+            if self.watch.passed is not None:
+                self.loop.request_stop()
+
     def _on_finished(self, index: int) -> None:
+        watch = self.watch
+        if watch is not None:
+            watch.finished(index)
+            if watch.passed is not None:
+                self.loop.request_stop()
         self.router.release(self._ids[index])
         if self.fleet.num_draining:
             role = "colocated" if self.colocated else "decode"
@@ -208,14 +232,35 @@ class Simulator:
                             w.ttft_p90_s, w.tpot_p90_s, roles)
 
     # -- run ---------------------------------------------------------------------------------------
-    def run(self) -> SimRun:
-        overloaded = False
-        if self.scaler is not None and len(self.requests):
-            self.loop.push(self.requests.arrival_s[0] + self.scaling.interval_s, self._tick)
+    def run_until_decided(self, watch: AttainmentWatch) -> bool:
+        """From the start, runs until `watch` has decided the run's SLO attainment against its target,
+        or to the end; True when the run has ended (then `watch.passed` may still be None: decide it from
+        the run). run() afterwards goes on to the end, exactly as if it had not stopped."""
+        if self._has_started:
+            raise RuntimeError("run_until_decided: the watch must see the run from its start")
+        self.watch = watch
+        self._advance()
+        self.watch = None
+        return self._has_ended
+
+    def _advance(self) -> None:
+        if self._has_ended:
+            return
+        if not self._has_started:
+            self._has_started = True
+            if self.scaler is not None and len(self.requests):
+                self.loop.push(self.requests.arrival_s[0] + self.scaling.interval_s, self._tick)
+            arrivals: tuple = (self.requests.arrival_s, self._on_arrival)
+        else:
+            arrivals = ()
         try:
-            self.loop.run(self.requests.arrival_s, self._on_arrival)
+            self._has_ended = self.loop.run(*arrivals)
         except _Overloaded:
-            overloaded = True
+            self._has_ended = self.overloaded = True
+
+    def run(self) -> SimRun:
+        self._advance()
+        overloaded = self.overloaded
         span = max(self.loop.now_s - (self.requests.arrival_s[0] if len(self.requests) else 0.0), 1e-12)
         usage = [InstanceUsage("prefill", p.index, p.busy_s / span, 0.0) for p in self.prefills]
         for role, group in (("decode", self.decodes), ("colocated", self.colocated)):
@@ -253,5 +298,5 @@ def _num_waiting(instance) -> int:
 
 def simulate(cluster: ClusterSpec, requests: RequestArrays, exact_steps: bool = False,
              max_in_system: int | None = None, scaler: Scaler | None = None,
-             scaling: ScalingOptions = ScalingOptions()) -> SimRun:
-    return Simulator(cluster, requests, exact_steps, max_in_system, scaler, scaling).run()
+             scaling: ScalingOptions = ScalingOptions(), inline_steps: bool = True) -> SimRun:
+    return Simulator(cluster, requests, exact_steps, max_in_system, scaler, scaling, inline_steps).run()

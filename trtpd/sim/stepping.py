@@ -1,20 +1,65 @@
 """What the decode and colocated instances share: one decode step after another, each sequence's
-last step known when it joins (a heap of (last_step, request, sequence)), and step bookkeeping."""
+last step known when it joins (a heap of (last_step, request, sequence)), and step bookkeeping.
+
+Decode-only steps run inline. A step that computes no prompt, ends before any sequence's last step
+and before the instance's horizon (the next event that could reach it: `horizon_s`, by default the
+loop's next event of any kind) changes nothing but the instance's counters: nothing reaches the
+instance in between, the admission tried at the step's start would try the same state at its end,
+so the next step is decode-only too. Such step ends are counted here, one after another, without
+the event heap; the first one that is not (a sequence finishes, or the horizon comes first) goes
+through the heap as usual. The timestamps are the same floats (each end is the previous end + its
+duration, as through the heap) and `num_events` counts every step. Events of other instances that
+cannot reach this one (a colocated peer's steps) may run after these steps in wall-clock order; they
+read nothing of this instance, so the run is the same.
+"""
 
 from __future__ import annotations
 
 import heapq
+from typing import Callable
 
 
 class SteppingInstance:
     """Mixin; the instance provides loop, num_steps, num_ready, total_context_tokens, finishing,
-    busy_s, sum_batch_steps, is_stepping, _step_done and _finish."""
+    busy_s, sum_batch_steps, is_stepping, inline_steps, horizon_s, _step_done and _finish."""
 
-    def _begin_step(self, now_s: float, duration_s: float) -> None:
+    def _begin_step(self, now_s: float, duration_s: float,
+                    decode_step_s: Callable[[int, int], float] | None = None) -> None:
+        """decode_step_s: given for a decode-only step begun at the end of the previous one (so that
+        admission was tried at its start): the duration of a step at (batch, context), to run the
+        following decode-only steps inline."""
         self.busy_s += duration_s
         self.sum_batch_steps += self.num_ready
         self.is_stepping = True
-        self.loop.push(now_s + duration_s, self._step_done)
+        end_s = now_s + duration_s
+        if decode_step_s is not None and self.inline_steps:
+            end_s = self._run_decode_only_steps(end_s, decode_step_s)
+        self.loop.push(end_s, self._step_done)
+
+    def _run_decode_only_steps(self, end_s: float, decode_step_s: Callable[[int, int], float]) -> float:
+        """Ends the decode-only step that ends at end_s and starts the next, while that step end is
+        before every other event and finishes no sequence; returns the end of the step the heap gets."""
+        next_s = self.horizon_s()              # nothing is pushed while these steps run
+        if not end_s < next_s:
+            return end_s
+        num_ready, num_steps = self.num_ready, self.num_steps
+        first_last_step = self.finishing[0][0]  # num_ready > 0: someone is in the heap
+        context, busy_s, sum_batch = self.total_context_tokens, self.busy_s, self.sum_batch_steps
+        n = 0
+        while end_s < next_s and num_steps + 1 < first_last_step:
+            num_steps += 1                     # the step ending at end_s (as _end_step, no one finishes)
+            context += num_ready
+            now_s = end_s
+            duration_s = decode_step_s(num_ready, context)
+            busy_s += duration_s               # the next one begins (as _begin_step)
+            sum_batch += num_ready
+            end_s = now_s + duration_s
+            n += 1
+        if n:
+            self.num_steps, self.total_context_tokens = num_steps, context
+            self.busy_s, self.sum_batch_steps = busy_s, sum_batch
+            self.loop.num_inline_events += n
+        return end_s
 
     def _end_step(self, now_s: float) -> None:
         """Counts the step and finishes the sequences whose last token it produced."""

@@ -1,0 +1,141 @@
+"""The colocated search's pruning changes no answer: a candidate's goodput search stops only once its
+goodput is certain to lose to the best found (trtpd.planner.compare._Best), and the side chosen with
+pruning is the side chosen by searching every candidate to the end, figure for figure."""
+
+import math
+
+import numpy as np
+import pytest
+
+from trtpd.catalog import get_model
+from trtpd.perf.hardware import load_hardware
+from trtpd.planner import compare
+from trtpd.planner.inputs import SearchSpace, Slo, Target
+from trtpd.planner.search import PlanProblem, Planner
+from trtpd.sim.goodput import max_goodput_rate_per_s
+from trtpd.sim.lengths import FixedLengths
+from trtpd.sim.workload import load_workload
+
+
+def _problem(model, inputs, outputs, ttft_s, tpot_s, target, max_gpus, tp=(1, 2, 4)):
+    wl = load_workload("chat-powerlaw")
+    if inputs:
+        wl = wl.model_copy(update={"input_tokens": FixedLengths(kind="fixed", tokens=inputs),
+                                   "output_tokens": FixedLengths(kind="fixed", tokens=outputs), "name": "fixed"})
+    return PlanProblem(get_model(model), load_hardware("h100-sxm"), wl, Slo(ttft_s=ttft_s, tpot_s=tpot_s), target,
+                       SearchSpace(tp_prefill=list(tp), tp_decode=list(tp), max_gpus=max_gpus))
+
+
+CASES = {   # budget and target mode, fixed and mixed lengths, models whose TP degrees compete
+    "budget-70b-fixed": _problem("llama-3.1-70b", 512, 256, 0.2, 0.04, None, 8, tp=(2, 4)),
+    "budget-8b-chat": _problem("llama-3.1-8b", None, None, 0.3, 0.03, None, 4),
+    "target-70b-fixed": _problem("llama-3.1-70b", 512, 128, 0.3, 0.05, Target(rate_per_s=20), None, tp=(2, 4)),
+    "target-8b-chat-budget": _problem("llama-3.1-8b", None, None, 0.3, 0.03, Target(rate_per_s=30), 6),
+}
+
+
+def _figures(side):
+    m = side.measured
+    return (side.label, side.num_gpus, side.num_instances, side.static_rate_per_s, side.meets_target,
+            m.rate_per_s, m.ttft_miss, m.tpot_miss, m.summary, side.target_summary, side.busy_shares())
+
+
+@pytest.mark.parametrize("order", ["promise", "reversed"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_pruned_search_chooses_the_same_side(name, order, monkeypatch):
+    """In the planner's order (most promising first) and the reverse (the best found last)."""
+    problem = CASES[name]
+    if order == "reversed":
+        promise = compare._promise
+        monkeypatch.setattr(compare, "_promise", lambda *a: tuple(-x for x in promise(*a)))
+    planner = Planner(problem)
+    rate = problem.target.requests_per_s(planner.stats.mean_tokens_per_request) if problem.target else None
+    runs = []
+    simulator = compare.Goodput._simulator
+
+    def counted(self, cluster, rate_):
+        runs.append(rate_)
+        return simulator(self, cluster, rate_)
+    monkeypatch.setattr(compare.Goodput, "_simulator", counted)
+    goodput = compare.Goodput(problem, 300, 0)
+    full = compare.colocated_side(planner, goodput, rate, problem.space.max_gpus, prune=False)
+    num_full, runs[:] = len(runs), []
+    pruned = compare.colocated_side(planner, goodput, rate, problem.space.max_gpus, prune=True)
+    assert full is not None and pruned is not None
+    assert _figures(pruned) == _figures(full)
+    assert len(compare.shortlist(planner)) > 1
+    assert len(runs) < num_full or order == "reversed"  # pruning skipped simulations
+
+
+@pytest.mark.parametrize("rate", [None, 7.5, 31.0])
+def test_a_pruned_candidate_cannot_win(rate):
+    """Whenever loses(tp, hi) holds, every goodput below hi gives a key above the best (or none)."""
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        max_gpus = int(rng.choice([4, 8, 16])) if rate is not None and rng.random() < 0.5 else 16
+        best = compare._Best(rate, max_gpus if rate is not None else None)
+        tp = int(rng.choice([1, 2, 4, 8]))
+        g_best = float(rng.uniform(0.5, 40))
+        tp_best = int(rng.choice([1, 2, 4, 8]))
+        if rate is None:
+            best.add((-g_best, max_gpus // tp_best * tp_best))
+        else:
+            best.add((max(1, math.ceil(rate / g_best - 1e-9)) * tp_best, -g_best / tp_best))
+        hi = float(rng.choice([g_best, g_best * tp / tp_best, rng.uniform(0.5, 60)]))
+        if not best.loses(tp, hi):
+            continue
+        for g in np.concatenate([rng.uniform(1e-3, hi, 20), [np.nextafter(hi, 0), hi * (1 - 1e-12)]]):
+            g = float(g)
+            if rate is None:
+                key = (-g, max_gpus // tp * tp)
+            else:
+                num = max(1, math.ceil(rate / g - 1e-9))
+                if max_gpus is not None and num * tp > max_gpus:
+                    continue                             # over the budget: never a key
+                key = (num * tp, -g / tp)
+            assert key > best.key, (rate, tp, hi, g, best.key)
+
+
+def test_goodput_search_gives_up_only_below_the_answer():
+    def probe(cluster, workload, rate, ttft_s, tpot_s, n, seed):
+        return 1.0 if rate <= 13.7 else 0.5
+    full = max_goodput_rate_per_s(None, None, 1, 1, 0.9, start_rate_per_s=1.0, num_bisections=12, probe=probe)
+    asked = []
+
+    def give_up(hi):
+        asked.append(hi)
+        return hi <= 14.0
+    g = max_goodput_rate_per_s(None, None, 1, 1, 0.9, start_rate_per_s=1.0, num_bisections=12, probe=probe,
+                               give_up=give_up)
+    assert g.gave_up and full.rate_per_s < g.rate_per_s <= 14.0 and len(g.probes) < len(full.probes)
+    assert asked and all(hi > 13.7 for hi in asked)     # asked after failing probes only
+    never = max_goodput_rate_per_s(None, None, 1, 1, 0.9, start_rate_per_s=1.0, num_bisections=12, probe=probe,
+                                   give_up=lambda hi: False)
+    assert not never.gave_up and never == full
+
+
+@pytest.mark.parametrize("name", ["budget-70b-fixed", "target-8b-chat-budget"])
+def test_goodput_search_decided_early_measures_the_same(name, monkeypatch):
+    """Probes that stop once their pass or fail is certain leave the search and its quoted figures as
+    they are; the stopped probes simulated fewer requests."""
+    problem = CASES[name]
+    planner = Planner(problem)
+    goodput = compare.Goodput(problem, 300, 0)
+    tpb = problem.space.tokens_per_block
+    clusters = [c.cluster(max(1, (problem.space.max_gpus or 4) // c.tp), tpb) for c, _ in compare.shortlist(planner)]
+    finished = []
+    finish = compare.Goodput._finish
+
+    def counted(self, sim):
+        finished.append(sim)
+        return finish(self, sim)
+    monkeypatch.setattr(compare.Goodput, "_finish", counted)
+    for cluster, (_, static) in list(zip(clusters, compare.shortlist(planner)))[:2]:
+        slow = goodput.search(cluster, static * cluster.decode.num_instances, decide_early=False)
+        num_slow, finished[:] = len(finished), []
+        fast = goodput.search(cluster, static * cluster.decode.num_instances)
+        assert (fast.rate_per_s, fast.ttft_miss, fast.tpot_miss, fast.summary) == \
+            (slow.rate_per_s, slow.ttft_miss, slow.tpot_miss, slow.summary)
+        assert [u.busy_share for u in fast.run.usage] == [u.busy_share for u in slow.run.usage]
+        assert len(finished) <= 2 < num_slow            # only the quoted probes ran to the end
+        finished[:] = []

@@ -1,0 +1,147 @@
+"""The simulator's fast paths change no result: decode-only steps run inline (trtpd.sim.stepping) and KV
+blocks are counted without ids (trtpd.sim.kv_blocks). Each test runs the same requests both ways and
+compares every timestamp, counter and usage figure exactly, and checks that the fast path was taken."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from trtpd.sched.block_allocator import BlockAllocator
+from trtpd.sched.prefill import PrefillSchedulerConfig
+from trtpd.sim import events
+from trtpd.sim.kv_blocks import BlockCounter
+from trtpd.sim.scaling import ScalingOptions
+from trtpd.sim.simulator import simulate
+from trtpd.sim.workload import generate_requests, load_workload
+from tests.unit.sim.fakes import LinearPerf, colocated, disagg
+
+PERF = LinearPerf(prefill_fixed_s=0.002, prefill_per_token_s=2e-5, decode_fixed_s=0.004, decode_per_seq_s=1e-4,
+                  decode_per_context_token_s=2e-8)
+SCHED = PrefillSchedulerConfig(max_num_tokens=4096, max_batch_size=8, min_batch_size=2)
+
+CLUSTERS = {
+    "disaggregated": disagg(PERF, num_prefill=2, num_decode=2, prefill_sched=SCHED, decode_batch=24,
+                            kv_tokens=10_000, prefill_kv_tokens=6_000, link_bytes_per_s=2e9),
+    "disaggregated-contention": replace(disagg(PERF, num_prefill=2, num_decode=1, prefill_sched=SCHED,
+                                               decode_batch=48), decode_contention=0.3),
+    "colocated-inflight": colocated(PERF, num=3, batch=24, max_num_tokens=4096, kv_tokens=10_000),
+    "colocated-chunked": replace(colocated(PERF, num=3, batch=24, max_num_tokens=512, kv_tokens=10_000),
+                                 colocated_policy="chunked"),
+    "colocated-prefill-first": replace(colocated(PERF, num=3, batch=24, max_num_tokens=4096, kv_tokens=10_000),
+                                       colocated_policy="prefill_first"),
+}
+
+
+def _times(values):
+    return [None if v != v else v for v in values]     # NaN (not yet) compares equal to NaN
+
+
+def _everything(run):
+    r = run.records
+    times = [_times(t) for t in (r.prefill_start_s, r.prefill_end_s, r.transfer_start_s, r.transfer_end_s,
+                                 r.first_token_s, r.done_s)]
+    return (times, r.prefill_instance, r.decode_instance, r.rejected, r.num_done, run.usage, run.link_busy_share,
+            run.span_s, run.end_s, run.num_events, run.num_rejected, run.stopped_overloaded, run.instances,
+            run.scale_events)
+
+
+@pytest.fixture()
+def heap_pushes(monkeypatch):
+    """Counts the events that go through the heap."""
+    count = [0]
+    push = events.EventLoop.push
+
+    def counted(self, time_s, handler, arg=None):
+        count[0] += 1
+        push(self, time_s, handler, arg)
+    monkeypatch.setattr(events.EventLoop, "push", counted)
+    return count
+
+
+@pytest.mark.parametrize("rate_per_s", [8.0, 40.0, 120.0], ids=["idle-gaps", "busy", "overloaded"])
+@pytest.mark.parametrize("name", list(CLUSTERS))
+def test_inline_decode_only_steps_give_the_same_run(name, rate_per_s, heap_pushes):
+    requests = generate_requests(load_workload("chat-powerlaw"), rate_per_s, 800, seed=3)
+    slow = simulate(CLUSTERS[name], requests, inline_steps=False, max_in_system=400)
+    pushes_slow, heap_pushes[0] = heap_pushes[0], 0
+    fast = simulate(CLUSTERS[name], requests, max_in_system=400)
+    assert _everything(fast) == _everything(slow)
+    assert heap_pushes[0] < pushes_slow                 # the inline path was taken
+    assert fast.records.num_done > 0
+
+
+def test_inline_steps_with_a_scaler_give_the_same_run(heap_pushes):
+    """A scaler reads each instance's busy time at its ticks and drains instances: the inline steps stop
+    at every event then (the horizon is the loop's next event of any kind)."""
+    def scaler(metrics):
+        return {"colocated": 1 if 10.0 < metrics.now_s < 25.0 else 3}
+    requests = generate_requests(load_workload("chat-powerlaw"), 6.0, 300, seed=4)
+    cluster = CLUSTERS["colocated-chunked"]
+    options = ScalingOptions(interval_s=2.0, window_s=4.0, startup_s=3.0)
+    slow = simulate(cluster, requests, scaler=scaler, scaling=options, inline_steps=False)
+    pushes_slow, heap_pushes[0] = heap_pushes[0], 0
+    fast = simulate(cluster, requests, scaler=scaler, scaling=options)
+    assert _everything(fast) == _everything(slow)
+    assert fast.scale_events and heap_pushes[0] < pushes_slow
+
+
+def test_block_counter_counts_as_the_block_allocator():
+    rng = np.random.default_rng(0)
+    ids, counter = BlockAllocator(500, 16), BlockCounter(500, 16)
+    held: list[tuple[list[int], list[int]]] = []
+    for _ in range(2000):
+        if held and rng.random() < 0.45:
+            a, b = held.pop(int(rng.integers(len(held))))
+            ids.free(a)
+            counter.free(b)
+        else:
+            n = int(rng.integers(0, 40))
+            if not ids.can_allocate(n):
+                assert not counter.can_allocate(n)
+                with pytest.raises(RuntimeError, match="exhausted"):
+                    counter.allocate(n)
+                continue
+            a, b = ids.allocate(n), counter.allocate(n)
+            assert len(a) == len(b)
+            held.append((a, b))
+        assert (counter.num_free_blocks, counter.num_used_blocks) == (ids.num_free_blocks, ids.num_used_blocks)
+    assert counter.blocks_for(33) == ids.blocks_for(33) == 3
+
+
+def test_block_counter_refuses_freeing_more_than_it_lent():
+    counter = BlockCounter(10, 16)
+    table = counter.allocate(4)
+    counter.free(table)
+    counter.allocate(8)
+    with pytest.raises(RuntimeError, match="double free"):
+        counter.free(table * 3)       # 2 free + 12 > 10
+
+
+@pytest.mark.parametrize("rate_per_s", [20.0, 40.0, 70.0, 120.0])
+@pytest.mark.parametrize("name", ["disaggregated", "colocated-inflight", "colocated-chunked"])
+def test_a_run_stopped_once_decided_agrees_with_its_end_and_goes_on_unchanged(name, rate_per_s):
+    """The watch's early pass/fail is the one the whole run gives, and run() after the stop ends the run
+    exactly as a run that never stopped."""
+    from trtpd.sim.attainment import AttainmentWatch
+    from trtpd.sim.metrics import summarize
+    from trtpd.sim.simulator import Simulator
+    cluster = replace(CLUSTERS[name], response_latency_s=0.003)
+    requests = generate_requests(load_workload("chat-powerlaw"), rate_per_s, 800, seed=7)
+    whole = Simulator(cluster, requests, max_in_system=400).run()
+    cases = []
+    tpot_p50_s = summarize(whole, 1.0, 1.0, warmup_s=2.0).tpot_s.p50
+    for ttft_s, tpot_s in [(0.2, 0.02), (0.5, 0.01), (1.0, 0.05), (100.0, tpot_p50_s)]:
+        s = summarize(whole, ttft_s, tpot_s, warmup_s=2.0)
+        attainment = s.slo_attainment or 0.0      # targets on both sides of it, and at it (knife edges)
+        cases += [(ttft_s, tpot_s, t, attainment) for t in (0.5, 0.9, attainment, attainment + 0.5 / s.num_requests)]
+    num_early = 0
+    for ttft_s, tpot_s, target, attainment in cases:
+        sim = Simulator(cluster, requests, max_in_system=400)
+        watch = AttainmentWatch(sim.records, ttft_s, tpot_s, target, warmup_s=2.0, response_latency_s=0.003)
+        ended = sim.run_until_decided(watch)
+        if not ended:
+            assert watch.passed == (attainment >= target)
+            num_early += sim.records.num_done < whole.records.num_done
+        assert _everything(sim.run()) == _everything(whole)
+    assert num_early or whole.stopped_overloaded       # some runs did stop early
