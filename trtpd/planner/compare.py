@@ -203,18 +203,32 @@ def shortlist(planner: Planner) -> list[tuple[ColocatedCandidate, float]]:
     return [(c, r) for group in per_tp for c, r in group if r / c.tp >= 0.6 * best_per_gpu]
 
 
+Found = tuple[int, tuple, int, float, Measured]   # (shortlist index, key, instances, static rate, goodput)
+
+
 def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None,
                    prune: bool = True) -> Side | None:
-    """The best colocated configuration of the shortlist, by simulated goodput. prune: search the most
-    promising candidates first and stop another's goodput search as soon as it cannot beat the best
-    found (`_Best.loses`); the answer is the same as searching every candidate to the end."""
-    space = planner.problem.space
-    tpb = space.tokens_per_block
+    """The best colocated configuration of the shortlist, by simulated goodput."""
     candidates = shortlist(planner)
+    order = search_order(candidates, rate, max_gpus) if prune else list(range(len(candidates)))
+    return best_colocated(planner, goodput, rate, max_gpus, candidates,
+                          search_colocated(planner, goodput, rate, max_gpus, candidates, order, prune))
+
+
+def search_order(candidates: list[tuple[ColocatedCandidate, float]], rate: float | None,
+                 max_gpus: int | None) -> list[int]:
+    return sorted(range(len(candidates)), key=lambda i: _promise(candidates[i], rate, max_gpus))
+
+
+def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None,
+                     candidates: list[tuple[ColocatedCandidate, float]], order: list[int],
+                     prune: bool = True) -> list[Found]:
+    """Each candidate's goodput, in `order`. prune: a candidate's search stops as soon as its goodput is
+    certain to lose to the best found so far (`_Best.loses`); it is left out. What is left has the same
+    best (best_colocated) as searching every candidate to the end, whatever the order or the split."""
+    tpb = planner.problem.space.tokens_per_block
     best = _Best(rate, max_gpus)
-    found: list[tuple[int, tuple, ColocatedCandidate, int, float, Measured]] = []
-    order = sorted(range(len(candidates)), key=lambda i: _promise(candidates[i], rate, max_gpus)) if prune \
-        else range(len(candidates))
+    found: list[Found] = []
     for i in order:
         c, static = candidates[i]
         give_up = (lambda hi, c=c: best.loses(c.tp, hi)) if prune else None
@@ -227,7 +241,7 @@ def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_g
             if m is None:
                 continue
             key: tuple = (-m.rate_per_s, num * c.tp)
-            found.append((i, key, c, num, static * num, m))
+            found.append((i, key, num, static * num, m))
         else:                                   # a target: one instance's goodput sizes the count
             m = goodput.search(c.cluster(1, tpb), static, give_up)
             if m is None or m.rate_per_s <= 0:
@@ -236,11 +250,20 @@ def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_g
             if max_gpus is not None and num * c.tp > max_gpus:
                 continue
             key = (num * c.tp, -m.rate_per_s / c.tp)
-            found.append((i, key, c, num, static, m))
+            found.append((i, key, num, static, m))
         best.add(key)
+    return found
+
+
+def best_colocated(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None,
+                   candidates: list[tuple[ColocatedCandidate, float]], found: list[Found]) -> Side | None:
+    """The smallest key (the first in shortlist order among equals); with a target, its count is then
+    confirmed at the target rate (one more instance while it misses) and its goodput searched again."""
     if not found:
         return None
-    _, _, c, num, static, m = min(sorted(found, key=lambda f: f[0]), key=lambda f: f[1])
+    tpb = planner.problem.space.tokens_per_block
+    i, _, num, static, m = min(sorted(found, key=lambda f: f[0]), key=lambda f: f[1])
+    c = candidates[i][0]
     meets, target_summary = None, None
     if rate is not None:
         for _ in range(MAX_BUMPS):
@@ -249,8 +272,9 @@ def colocated_side(planner: Planner, goodput: Goodput, rate: float | None, max_g
                 break
             num += 1
         static *= num
-        m = goodput.search(c.cluster(num, tpb), static)
-        assert m is not None
+        m_num = goodput.search(c.cluster(num, tpb), static)
+        assert m_num is not None
+        m = m_num
     side = Side("colocated", f"{num}x TP{c.tp} {c.policy}", num * c.tp, {"colocated": c.tp}, {"colocated": num},
                 {"colocated": c.max_batch_size}, {"colocated": c.max_num_tokens}, static, m, c.inst.source,
                 policy=c.policy, meets_target=meets, target_summary=target_summary, colocated=c)

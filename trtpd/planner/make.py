@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from trtpd.errors import ConfigError
 from trtpd.planner import seed004
-from trtpd.planner import compare
+from trtpd.planner import compare, parallel
 from trtpd.schema.plan import (ColocatedPlan, Comparison, DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan,
                                SideSummary, TargetSummary, Verification, WorkloadSummary)
 from trtpd.planner.search import Choice, PlanProblem, Planner, SearchResult, plan_search
@@ -23,38 +23,51 @@ class VerifyOptions:
     max_simulations: int = 5
     compare_colocated: bool = True     # also search colocated configurations and recommend one side
     compare_requests: int = 1000       # requests per simulation of a goodput search (more to cover the warm-up)
+    parallel: bool = True              # the colocated search in a second process (same answer; planner.parallel)
 
 
 def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
     result = plan_search(problem)
     planner = result.planner
     assert planner is not None
-    choice, verdict = result.choice, None
-    if choice is not None:
-        choice = _prefer_nvlink(planner, choice)
-        rate = result.rate_per_s
-        if options.enabled and rate is not None:
-            if problem.target is None:   # a budget: keep its GPUs, confirm the rate
-                options = replace(options, try_fewer=False)
-            choice, verdict = _verified(problem, result, choice, rate, options)
-    plan = _to_plan(problem, result, choice, verdict)
-    if options.enabled and options.compare_colocated and planner.decodes:
-        _add_comparison(plan, problem, result, choice, options)
+    rate = result.rate_per_s if problem.target is not None else None     # the comparison's target, if any
+    budget = problem.space.max_gpus
+    comparing = options.enabled and options.compare_colocated and bool(planner.decodes) and \
+        not (rate is None and budget is None)
+    goodput = compare.Goodput(problem, options.compare_requests, options.seed)
+    candidates = compare.shortlist(planner) if comparing else []
+    order = compare.search_order(candidates, rate, budget)
+
+    def colocated(order_: list[int]) -> list[compare.Found]:
+        return compare.search_colocated(planner, goodput, rate, budget, candidates, order_)
+
+    def disaggregated() -> tuple[Plan, compare.Side | None, list[compare.Found]]:
+        verify = options if problem.target is not None else replace(options, try_fewer=False)  # a budget: keep
+        choice, verdict = result.choice, None                                                # its GPUs
+        if choice is not None:
+            choice = _prefer_nvlink(planner, choice)
+            if options.enabled and result.rate_per_s is not None:
+                choice, verdict = _verified(problem, result, choice, result.rate_per_s, verify)
+        plan = _to_plan(problem, result, choice, verdict)
+        if not comparing:
+            return plan, None, []
+        disagg = compare.disaggregated_side(planner, choice, goodput, rate) if choice is not None else None
+        return plan, disagg, colocated(order[1:2])      # and one colocated candidate, to share the work
+
+    if not comparing:
+        return disaggregated()[0]
+    # the colocated searches need nothing of the disaggregated side: both at once (trtpd.planner.parallel);
+    # every candidate a process prunes loses to one it kept, so the best of the two lists is the best
+    found, (plan, disagg, found_here) = parallel.both(lambda: colocated(order[:1] + order[2:]), disaggregated,
+                                                      options.parallel)
+    coloc = compare.best_colocated(planner, goodput, rate, budget, candidates, found + found_here)
+    _add_comparison(plan, result, disagg, coloc, rate)
     return plan
 
 
-def _add_comparison(plan: Plan, problem: PlanProblem, result: SearchResult, choice: Choice | None,
-                    options: VerifyOptions) -> None:
+def _add_comparison(plan: Plan, result: SearchResult, disagg: compare.Side | None, coloc: compare.Side | None,
+                    rate: float | None) -> None:
     """The best colocated configuration beside the disaggregated one, both simulated the same way."""
-    planner = result.planner
-    assert planner is not None
-    rate = result.rate_per_s if problem.target is not None else None
-    goodput = compare.Goodput(problem, options.compare_requests, options.seed)
-    disagg = compare.disaggregated_side(planner, choice, goodput, rate) if choice is not None else None
-    budget = problem.space.max_gpus
-    if rate is None and budget is None:
-        return
-    coloc = compare.colocated_side(planner, goodput, rate, budget)
     answer = compare.decide(disagg, coloc, rate)
     out_tokens = result.stats.output.mean
     plan.comparison = Comparison(recommended=answer.recommended, ratio_per_gpu=min(answer.ratio_per_gpu, 1e9),
