@@ -71,9 +71,29 @@ def candidates_for(decode: DecodeCandidate, max_input_len: int,
     return out
 
 
-def static_point(c: ColocatedCandidate, stats: WorkloadStats, rate_per_s: float, p: float) -> StaticPoint | None:
-    """The steady state at rate_per_s per instance without queueing; None when it does not exist."""
+StepMemo = dict[tuple[int, int, int, int], float]   # mixed_step_s by its arguments, for one performance model
+
+
+def _mixed_step_s(perf, memo: StepMemo | None):
+    """mixed_step_s on perf, remembering each result in memo (a pure function of its arguments: the fixed
+    points of nearby rates and of one TP's candidates pass through the same steps)."""
+    if memo is None:
+        return lambda *args: mixed_step_s(perf, *args)
+
+    def step_s(*args: int) -> float:
+        value = memo.get(args)
+        if value is None:
+            value = memo[args] = mixed_step_s(perf, *args)
+        return value
+    return step_s
+
+
+def static_point(c: ColocatedCandidate, stats: WorkloadStats, rate_per_s: float, p: float,
+                 memo: StepMemo | None = None) -> StaticPoint | None:
+    """The steady state at rate_per_s per instance without queueing; None when it does not exist.
+    memo: mixed step times of c's performance model already computed (filled in)."""
     perf = c.inst.perf
+    mixed = _mixed_step_s(perf, memo)
     l_in, steps = stats.input.mean, max(stats.output.mean - 1, 1e-9)
     sq_per_token = stats.input.mean_sq / l_in
     ctx = l_in + stats.output.mean / 2
@@ -92,7 +112,7 @@ def static_point(c: ColocatedCandidate, stats: WorkloadStats, rate_per_s: float,
                 return None
             nxt = perf.decode_step_s(max(1, round(b)), int(max(b, 1) * ctx)) / (1 - share)
         else:
-            nxt = mixed_step_s(perf, int(tokens), int(tokens * sq_per_token), max(1, round(b)), int(max(b, 1) * ctx))
+            nxt = mixed(int(tokens), int(tokens * sq_per_token), max(1, round(b)), int(max(b, 1) * ctx))
         if abs(nxt - s) < 1e-6 * s:
             s = nxt
             break
@@ -102,16 +122,17 @@ def static_point(c: ColocatedCandidate, stats: WorkloadStats, rate_per_s: float,
         room = budget - b
         ttft = math.ceil(l_p / room) * s if room >= 1 else math.inf
     elif c.policy == "inflight":
-        ttft = mixed_step_s(perf, int(l_p), int(l_p * l_p), max(1, round(b)), int(max(b, 1) * ctx))
+        ttft = mixed(int(l_p), int(l_p * l_p), max(1, round(b)), int(max(b, 1) * ctx))
     else:
         ttft = perf.prefill_s(int(l_p), int(l_p * l_p))
     return StaticPoint(rate_per_s, s, ttft, b)
 
 
-def static_rate_per_s(c: ColocatedCandidate, stats: WorkloadStats, slo: Slo) -> float:
-    """The highest rate per instance whose static steady state meets both SLOs."""
+def static_rate_per_s(c: ColocatedCandidate, stats: WorkloadStats, slo: Slo, memo: StepMemo | None = None) -> float:
+    """The highest rate per instance whose static steady state meets both SLOs. memo: as static_point's
+    (one for the candidates that share a performance model)."""
     def ok(rate: float) -> bool:
-        pt = static_point(c, stats, rate, slo.attainment)
+        pt = static_point(c, stats, rate, slo.attainment, memo)
         return pt is not None and pt.step_s <= slo.tpot_s and pt.ttft_s <= slo.ttft_s
     l_in = stats.input.mean
     hi = c.max_num_tokens / (c.inst.perf.prefill_s(c.max_num_tokens) * l_in) + 1.0

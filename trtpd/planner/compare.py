@@ -193,7 +193,9 @@ def shortlist(planner: Planner) -> list[tuple[ColocatedCandidate, float]]:
     problem = planner.problem
     per_tp: list[list[tuple[ColocatedCandidate, float]]] = []
     for d in planner.decodes:
-        cands = [(c, static_rate_per_s(c, planner.stats, problem.slo)) for c in candidates_for(d, planner.max_input_len)]
+        memo: dict = {}        # the TP's mixed step times, shared by its candidates
+        cands = [(c, static_rate_per_s(c, planner.stats, problem.slo, memo))
+                 for c in candidates_for(d, planner.max_input_len)]
         inflight = [x for x in cands if x[0].policy == "inflight"]
         chunked = [x for x in cands if x[0].policy == "chunked"]
         best = max(r for _, r in chunked)

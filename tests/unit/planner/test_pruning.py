@@ -139,3 +139,21 @@ def test_goodput_search_decided_early_measures_the_same(name, monkeypatch):
         assert [u.busy_share for u in fast.run.usage] == [u.busy_share for u in slow.run.usage]
         assert len(finished) <= 2 < num_slow            # only the quoted probes ran to the end
         finished[:] = []
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_static_rates_with_the_step_memo_are_the_same(name):
+    """shortlist shares one memo of mixed step times between a TP's candidates: the same static rates."""
+    from trtpd.planner.colocated import candidates_for, static_rate_per_s
+    planner = Planner(CASES[name])
+    slo = CASES[name].slo
+    num_hits = 0
+    for d in planner.decodes:
+        memo: dict = {}
+        for c in candidates_for(d, planner.max_input_len):
+            size = len(memo)
+            assert static_rate_per_s(c, planner.stats, slo, memo) == static_rate_per_s(c, planner.stats, slo)
+            num_hits += size > 0
+    assert num_hits                                     # later candidates met steps computed before
+    shortlisted = compare.shortlist(planner)
+    assert [r for _, r in shortlisted] == [static_rate_per_s(c, planner.stats, slo) for c, _ in shortlisted]
