@@ -52,14 +52,13 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
         if not comparing:
             return plan, None, []
         disagg = compare.disaggregated_side(planner, choice, goodput, rate) if choice is not None else None
-        return plan, disagg, colocated(order[1:2])      # and one colocated candidate, to share the work
+        return plan, disagg, []
 
     if not comparing:
         return disaggregated()[0]
     # the colocated searches need nothing of the disaggregated side: both at once (trtpd.planner.parallel);
     # every candidate a process prunes loses to one it kept, so the best of the two lists is the best
-    found, (plan, disagg, found_here) = parallel.both(lambda: colocated(order[:1] + order[2:]), disaggregated,
-                                                      options.parallel)
+    found, (plan, disagg, found_here) = parallel.both(lambda: colocated(order), disaggregated, options.parallel)
     coloc = compare.best_colocated(planner, goodput, rate, budget, candidates, found + found_here)
     _add_comparison(plan, result, disagg, coloc, rate)
     return plan
