@@ -4,8 +4,10 @@ meets the SLO is certain to end above (or below) the target whatever the rest of
 The count is the one trtpd.sim.metrics computes at the end, request by request as each finishes: a
 measured request meets the SLO when it finished with TTFT <= ttft_slo_s and (one token, or TPOT <=
 tpot_slo_s), the same float operations in the same order (the response delay included); one refused or
-not finished misses. With n measured requests, `met / n >= attainment` can only stay true and
-`(n - missed) / n < attainment` can only stay true as the run goes on.
+not finished misses. A request still without its first token when (now + delay) - arrival > ttft_slo_s
+misses whenever it finishes (its first token comes at now or later, and the difference only grows): it
+is counted then (`late`, at each arrival). With n measured requests, `met / n >= attainment` can only
+stay true and `(n - missed) / n < attainment` can only stay true as the run goes on.
 """
 
 from __future__ import annotations
@@ -34,9 +36,24 @@ class AttainmentWatch:
         self.num_met = 0
         self.num_missed = 0
         self.passed: bool | None = None      # decided: True (attainment >= target), False; None: not yet
+        self._is_late = bytearray(len(records.arrival_s))   # counted as a miss before it finished
+        self._next_late = self.start         # the oldest measured request not yet found late or served
+
+    def late(self, now_s: float, num_arrived: int) -> None:
+        """Counts the measured requests among the first num_arrived that have no first token at now_s
+        and can no longer meet the TTFT target."""
+        r, j = self.records, self._next_late
+        arrival, first_token, rejected = r.arrival_s, r.first_token_s, r.rejected
+        now_out_s = now_s + self.response_latency_s
+        while j < num_arrived and now_out_s - arrival[j] > self.ttft_slo_s:   # later arrivals: less late
+            if first_token[j] != first_token[j] and not rejected[j]:        # NaN: no first token yet
+                self._is_late[j] = 1
+                self.missed(j)
+            j += 1
+        self._next_late = j
 
     def finished(self, index: int) -> None:
-        if index < self.start:
+        if index < self.start or self._is_late[index]:
             return
         r, delay = self.records, self.response_latency_s
         first_s, done_s = r.first_token_s[index] + delay, r.done_s[index] + delay

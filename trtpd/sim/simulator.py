@@ -132,6 +132,10 @@ class Simulator:
     # -- routing -----------------------------------------------------------------------------------
     def _on_arrival(self, now_s: float, index: int) -> None:
         r = self.records
+        if self.watch is not None:
+            self.watch.late(now_s, index)
+            if self.watch.passed is not None:
+                self.loop.request_stop()
         if r.input_tokens[index] > self._max_prompt_tokens or \
                 r.input_tokens[index] + r.output_tokens[index] > self._max_seq_tokens:
             self.num_rejected += 1      # never served: counts as unfinished and as an SLO miss
