@@ -4,7 +4,9 @@ The control path is the same for every transport (frame.py: HELLO, PULL with the
 exporter's proof, LAYER headers as layers become ready, DONE, ACK, CONFIRM); only the bytes move elsewhere:
 
     exporter -> importer  ACCEPT   proof (32) | u16 address length | mover address | u32 per source block id
-    (mpi only)            MPI_Comm_join on the control socket (mpi_mover.py), then on the intercommunicator:
+    (mpi only)            on the control socket: a link request and its answer (reuse the intercommunicator
+                          the two processes keep, or the port name of an accept/connect handshake), then on
+                          the intercommunicator, with the pull's own tag (mpi_mover.py):
     importer -> mover     hello    channel token (32) | u32 number of destination blocks, then u32 per block id
                                    token = HMAC(derive(key, "kv-pull/mover"), exporter nonce | importer nonce):
                                    only the two ends of this authenticated pull can compute it, so a channel

@@ -12,8 +12,9 @@ its layers. After ACCEPT, on the control socket (the ACCEPT's mover address name
 Why not one MPI_Comm_join per pull, as before: MPICH 5 matches the messages of its connection handshake by
 (context 0, the port's tag) only, from any source, and port tags are small integers counted per process, so two
 handshakes in flight in one process (concurrent pulls: the session threads of an exporter, the pull threads of
-an importer) take each other's messages. A leader-exchange message read as a peer's address went into
-ucp_ep_create: the integration run's SIGSEGV in about 1 run of 3 (issue 12). MPI_Comm_join also spins forever
+an importer) take each other's messages. The integration run's SIGSEGV in about 1 run of 3 (issue 12) was that:
+the core shows the crashing thread in MPI_Comm_join, in MPICH's extract_remote_data, indexing its on-stack world
+table with a world index read from another handshake's leader-exchange message. MPI_Comm_join also spins forever
 on a control socket that its peer closed before sending its port name (MPICH's join loop reads 0 bytes again
 and again), holding the VCI lock every other MPI call of the process needs. So here:
   * every MPI call of the process is made under one lock (MpiWorld.calls), and at most one handshake is in
@@ -42,10 +43,15 @@ MPI_Finalize is not called (mpi4py.rc.finalize = False): it is collective over c
 here come and go.
 
 Limits: a process that loaded ucxx first (the ucx transport) gets MPICH's ofi netmod: both libraries are
-libucp.so.0, ucxx's is 1.19 and MPICH's UCX netmod wants 1.20. MPICH's blocking calls spin, so the transport
-never blocks in MPI while idle (no standing Accept: a blocked Accept costs a whole core); it polls requests
-with short sleeps while a pull moves bytes, and watches the control socket meanwhile (a peer that closed it is
-gone: the wait fails at once instead of at the deadline).
+libucp.so.0, ucxx's is 1.19 and MPICH's UCX netmod wants 1.20. ofi is then given libfabric's tcp provider (MPICH's
+choice here, 'sockets', delivers nothing on these intercommunicators). A ucx process and an ofi process cannot
+connect: the ACCEPT's address names the exporter's netmod and the importer refuses a different one at once.
+MPICH's blocking calls spin, so the transport never blocks in MPI while idle (no standing Accept: a blocked
+Accept costs a whole core); it polls requests with short sleeps while a pull moves bytes, and watches the
+control socket meanwhile (a peer that closed it is gone: the wait fails at once instead of at the deadline).
+A peer that dies inside the MPI part of a handshake holds this process's handshake (and MPI) lock until
+MPICH's handshake timeout. A link to a process that is gone stays (a communicator and a few bytes) for the
+life of this process.
 """
 
 from __future__ import annotations
@@ -73,7 +79,8 @@ PEER_CHECK_S = 0.01           # how often a wait looks at the control socket
 CANCEL_WAIT_S = 1.0           # a failed pull waits this long for its cancelled receives to complete
 PMI_TIMEOUT_S = 30.0
 ID_BYTES = 16
-ADDRESS_PREFIX = b"mpi/"
+ADDRESS_PREFIX = b"mpi/"                # ACCEPT's mover address: mpi/<process id hex>/<netmod>
+DEFAULT_NETMOD = "ucx"                  # the mpich wheel's default (MPIR_CVAR_CH4_NETMOD unset)
 REQUEST = struct.Struct("!16sIB")       # importer process id, pull tag, mode
 MODE_REUSE, MODE_HANDSHAKE = 0, 1
 STATUS_REUSE, STATUS_NO_LINK, STATUS_PORT = 0, 1, 2
@@ -139,6 +146,9 @@ class MpiWorld:
             self.placeholder, borrowed = self._borrow_pmi()
         if "ucxx" in sys.modules:   # ucxx's libucp (1.19) is loaded: MPICH's UCX netmod needs >= 1.20, so use ofi
             os.environ.setdefault("MPIR_CVAR_CH4_NETMOD", "ofi")
+        self.netmod = os.environ.get("MPIR_CVAR_CH4_NETMOD") or DEFAULT_NETMOD
+        if self.netmod == "ofi":    # MPICH picks libfabric's 'sockets' provider here, over which an intercommunicator
+            os.environ.setdefault("FI_PROVIDER", "tcp")      # of accept/connect (or join) delivers no message
         try:
             os.environ.update(borrowed)
             import mpi4py
@@ -194,7 +204,7 @@ class MpiWorld:
 
     @property
     def address(self) -> bytes:
-        return ADDRESS_PREFIX + self.id.hex().encode()
+        return ADDRESS_PREFIX + self.id.hex().encode() + b"/" + self.netmod.encode()
 
     def call(self, what: str, fn, *args):
         """One MPI call, under the process's MPI lock; MPI errors become ConnectionError."""
@@ -454,13 +464,19 @@ class MpiClient:
                 sock: socket.socket | None = None) -> MpiChannel:
         if not address.startswith(ADDRESS_PREFIX) or sock is None:
             raise ConnectionError(f"MPI: the exporter offers {address!r}, not an MPI link on the control socket")
+        id_hex, _, netmod = address[len(ADDRESS_PREFIX):].decode(errors="replace").partition("/")
         try:
-            peer_id = bytes.fromhex(address[len(ADDRESS_PREFIX):].decode())
+            peer_id = bytes.fromhex(id_hex)
         except ValueError:
             peer_id = b""
-        if len(peer_id) != ID_BYTES:
+        if len(peer_id) != ID_BYTES or not netmod:
             raise KvProtocolError(f"MPI: malformed exporter address {address!r}")
         world = self._world
+        if netmod != world.netmod:
+            raise ConnectionError(
+                f"MPI: the exporter's MPICH uses its {netmod} netmod and this process {world.netmod} (a process that "
+                f"loaded ucxx gets ofi); the two cannot connect: keep the ucx transport out of processes that use "
+                f"mpi, or set MPIR_CVAR_CH4_NETMOD=ofi for both")
         deadline_s = time.monotonic() + timeout_s
         tag = world.new_tag()
         for attempt in range(REQUESTS_MAX):      # (the last request is a handshake)

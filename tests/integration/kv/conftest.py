@@ -33,9 +33,9 @@ ANSWER_TIMEOUT_S = 30.0
 class PrefillProcess:
     """The child process and its JSON-lines conversation."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, cwd=Path(__file__).parents[3])
+                                     text=True, cwd=Path(__file__).parents[3], env=env)
         self._answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 

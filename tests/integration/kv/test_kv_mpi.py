@@ -4,7 +4,8 @@ ucxx and MPICH's UCX netmod cannot share a process (both are libucp.so.0, 1.19 a
 the ucx tests, so the mpi ones run in a child pytest: every parametrised test of the four KV files with
 transport mpi (bit-exact fp16 and fp8 pulls, layer-wise pulls, concurrent pulls, refused forged / stale /
 mismatched / keyless handles, a peer killed mid-transfer) and test_kv_mpi_links.py (links, handshakes, /dev/shm).
-After it, nothing of MPI may be left: no mpich_* segment in /dev/shm, no mpiexec placeholder still running.
+After it, nothing of MPI may be left: no MPICH or libfabric segment in /dev/shm, no mpiexec placeholder still
+running.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ HERE = Path(__file__).parent
 FILES = ["test_kv_pull.py", "test_kv_pull_auth.py", "test_kv_refusals.py", "test_kv_peer_death.py",
          "test_kv_mpi_links.py"]
 MARKER_ENV = "TRTPD_TEST_MPI_RUN"
-MIN_TESTS = 21       # the mpi run has 17 parametrised tests and 4 of its own: fewer means a collection problem
+MIN_TESTS = 22       # the mpi run has 17 parametrised tests and 5 of its own: fewer means a collection problem
 
 
 def processes_with(marker: str) -> list[str]:
@@ -67,6 +68,6 @@ if "mpi" not in transports_under_test():     # (in the mpi run itself, the files
         while processes_with(marker) and time.monotonic() < deadline_s:
             time.sleep(0.2)
         assert not processes_with(marker), processes_with(marker)
-        left = sorted(name for name in set(os.listdir(SHM_DIR)) - shm_before
-                      if name.startswith(("mpich_", "trtpd_test_")))
+        left = sorted(name for name in set(os.listdir(SHM_DIR)) - shm_before     # MPICH's, libfabric shm's, ours
+                      if name.startswith(("mpich_", "trtpd_test_")) or re.fullmatch(r"\d+:\d+:\d+", name))
         assert not left, f"left in /dev/shm by the mpi run: {left}"

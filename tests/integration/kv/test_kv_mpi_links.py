@@ -1,5 +1,5 @@
 """What only the mpi transport has: links (intercommunicators) kept between two processes, one connection
-handshake at a time per process, and MPICH's /dev/shm segment unlinked. These tests exist in the mpi run only
+handshake at a time per process, the ofi netmod, and MPICH's /dev/shm segment unlinked. These tests exist in the mpi run only
 (test_kv_mpi.py starts it; MPI cannot share this process with ucxx), beside the parametrised tests over mpi."""
 
 from __future__ import annotations
@@ -38,6 +38,20 @@ def pulled_digest(pool: KvPool, dst_ids: list[int], num_tokens: int) -> str:
     return block_digest(received, layout, dst_ids, num_tokens)
 
 
+def start_importer(key: bytes, handle: bytes, dst_ids: list[int], env: dict[str, str] | None = None):
+    proc = subprocess.Popen([sys.executable, str(IMPORTER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=env)
+    proc.stdin.write(json.dumps({"key_hex": key.hex(), "handle_hex": handle.hex(), "dst_block_ids": dst_ids,
+                                 "num_blocks": 4}) + "\n")
+    proc.stdin.flush()
+    return proc
+
+
+def outcome_lines(proc) -> list[str]:
+    out, _ = proc.communicate(timeout=60)
+    return [line for line in out.splitlines() if line.startswith(("done", "error", "digest"))]
+
+
 def handshakes() -> int:
     from trtpd.kv.mpi_mover import MpiWorld
     return MpiWorld.get().num_handshakes
@@ -54,21 +68,15 @@ if "mpi" in transports_under_test():
         try:
             for request_id, (src_ids, dst_ids, num_tokens) in requests.items():
                 handle = exporter.register(request_id, src_ids, num_tokens)
-                proc = subprocess.Popen([sys.executable, str(IMPORTER)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, cwd=ROOT)
-                proc.stdin.write(json.dumps({"key_hex": exporters.key.hex(), "handle_hex": handle.hex(),
-                                             "dst_block_ids": dst_ids, "num_blocks": 4}) + "\n")
-                proc.stdin.flush()
-                children.append((request_id, proc))
+                children.append((request_id, start_importer(exporters.key, handle, dst_ids)))
             for layer in range(LAYOUT.num_layers):
                 exporter.mark(list(requests), layer)
             for i, request_id in enumerate(requests):
                 exporter.complete(request_id, 100 + i)
             for i, (request_id, proc) in enumerate(children):
-                out, _ = proc.communicate(timeout=60)
-                lines = [line for line in out.splitlines() if line.startswith(("done", "error", "digest"))]
                 src_ids, _, num_tokens = requests[request_id]
-                assert lines == [f"done {100 + i}", f"digest {expected_digest(exporter, src_ids, num_tokens)}"], out
+                assert outcome_lines(proc) == [f"done {100 + i}",
+                                               f"digest {expected_digest(exporter, src_ids, num_tokens)}"]
         finally:
             for _, proc in children:
                 if proc.poll() is None:
@@ -162,6 +170,32 @@ if "mpi" in transports_under_test():
         pull("g", [4, 5], [1, 2], 11)            # a new link: one more handshake on each side, bytes still exact
         assert (handshakes(), exporter.stats()["mpi_handshakes"]) == (mine + 1, theirs + 1)
         importer.close()
+
+    def test_ofi_netmod_pulls_are_bit_exact_and_a_netmod_mismatch_is_refused_at_once(exporters):
+        """A process that loaded ucxx uses MPICH's ofi netmod (libfabric tcp): two such processes pull exactly;
+        an ofi importer and this run's ucx exporters cannot connect, and the pull says so without waiting."""
+        ofi = {**os.environ, "MPIR_CVAR_CH4_NETMOD": "ofi"}
+        process = PrefillProcess(env=ofi)
+        group = Exporters(process, f"trtpd_test_{os.getpid()}_ofi_")
+        try:
+            exporter = group.start("mpi", LAYOUT, num_blocks=8)
+            exporter.register("o", [6, 2], 15)
+            child = start_importer(group.key, exporter.complete("o", 4), [3, 1], env=ofi)
+            assert outcome_lines(child) == ["done 4", f"digest {expected_digest(exporter, [6, 2], 15)}"]
+            assert exporter.wait_released("o")
+            group.close()
+        finally:
+            process.stop()
+            for path in SHM_DIR.glob(f"{group.prefix}*"):
+                path.unlink(missing_ok=True)
+        ucx_exporter = exporters.start("mpi", LAYOUT, num_blocks=8)
+        ucx_exporter.register("m", [0], 8)
+        start_s = time.monotonic()
+        child = start_importer(exporters.key, ucx_exporter.complete("m", 4), [0], env=ofi)
+        [line] = outcome_lines(child)
+        assert line.startswith("error KvConnectError") and "ucx netmod and this process ofi" in line, line
+        assert time.monotonic() - start_s < 20                # (process start-up included; no handshake timeout)
+        assert ucx_exporter.wait_released("m", timeout_s=5.0)
 
     def test_mpich_segment_of_this_process_is_unlinked_while_mapped():
         handshakes()    # MPI is up in this process
