@@ -1,6 +1,6 @@
 """Greedy output of the disaggregated path equals the colocated path, token for token, through
 the real Triton server: HTTP generate, HTTP generate_stream and gRPC streaming; bit-identical logits once
-per KV transport (shm, tcp, ucx)."""
+per KV transport (shm, tcp, ucx, mpi)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ def add_reference_args(p: argparse.ArgumentParser, mode_default: str = "disaggre
     g.add_argument("--model", default="tiny-llama", help="catalog model (default: %(default)s)")
     g.add_argument("--kv-dtype", default="fp16", choices=("fp16", "bf16", "fp8"), help="KV cache dtype of the build")
     g.add_argument("--engines-dir", type=Path, default=Path("engines"), help="where `trtpd build` put the engines")
-    g.add_argument("--kv-transport", choices=("shm", "tcp", "ucx"), default="shm",
+    g.add_argument("--kv-transport", choices=("shm", "tcp", "ucx", "mpi"), default="shm",
                    help="KV transfer between prefill and decode (default: %(default)s)")
     g.add_argument("--prefill-instances", type=a.positive_int, default=1, help="disaggregated: prefill instances")
     g.add_argument("--decode-instances", type=a.positive_int, default=1, help="disaggregated: decode instances")

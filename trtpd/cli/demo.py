@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-requests", type=a.positive_int, default=d.num_requests, help="requests per deployment")
     p.add_argument("--workload", default=d.workload, help="workload name or YAML")
     p.add_argument("--kv-dtype", default=d.kv_dtype, choices=("fp16", "bf16", "fp8"), help="KV cache dtype")
-    p.add_argument("--kv-transport", default=d.kv_transport, choices=("shm", "tcp", "ucx"),
+    p.add_argument("--kv-transport", default=d.kv_transport, choices=("shm", "tcp", "ucx", "mpi"),
                    help="KV transfer between prefill and decode")
     p.add_argument("--colocated-instances", type=a.positive_int, default=d.colocated_instances,
                    help="instances of the colocated deployment")

@@ -29,7 +29,7 @@ from trtpd.schema.plan import Plan, load_plan
 
 HEADER = "# trtpd deployment spec (schema: trtpd/controller/spec.py, configs/deployments/README.md)\n"
 MODE_ROLES = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}
-KV_TRANSPORTS = {"reference": ("shm", "tcp", "ucx"), "tensorrt-llm": ("mpi", "ucx", "nixl")}
+KV_TRANSPORTS = {"reference": ("shm", "tcp", "ucx", "mpi"), "tensorrt-llm": ("mpi", "ucx", "nixl")}
 RESTART_FIELDS = ("tp", "cpus_per_instance", "gpus_per_instance", "max_batch_size", "step_delay_ms")
 ALL_ROLES_RESTART = ("backend", "model", "mode", "kv_transport", "kv_transfer_timeout_ms")
 Problem = tuple[tuple, str]     # (loc in the YAML, message)

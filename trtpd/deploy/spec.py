@@ -13,7 +13,7 @@ from trtpd.engine.engine_config import Role
 from trtpd.errors import ConfigError
 
 MODES = ("disaggregated", "colocated")
-KV_TRANSPORTS = ("shm", "tcp", "ucx")
+KV_TRANSPORTS = ("shm", "tcp", "ucx", "mpi")
 KEY_FILE = "kv.key"
 
 

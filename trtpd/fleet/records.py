@@ -27,7 +27,7 @@ class InstanceRecord:
     model: str              # the model name inside its repository (= role)
     server: ServerProcess   # pid, start_time, host, ports, repo, log
     engine_dir: str
-    kv_transport: str       # shm | tcp | ucx
+    kv_transport: str       # shm | tcp | ucx | mpi
     kv_bind: str            # host:port the KV exporter binds (prefill); "" for decode/colocated
     kv_advertise: str       # host:port put in the handles' endpoint; "" for decode/colocated
     cpus: list[int]

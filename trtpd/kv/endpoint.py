@@ -3,8 +3,9 @@
     tcp://HOST:PORT            KV bytes travel on the TCP connection (crosses hosts)
     shm://HOST:PORT/SHM_NAME   control on TCP; KV bytes are copied out of /dev/shm/SHM_NAME (same host only)
     ucx://HOST:PORT            control on TCP; KV bytes on a UCX endpoint (ucxx), its port named in ACCEPT
-    mpi://HOST:PORT            control on TCP; KV bytes on an MPI intercommunicator made by MPI_Comm_join on the
-                               control socket (mpi_mover.py: how a process joins MPI without being under mpiexec)
+    mpi://HOST:PORT            control on TCP; KV bytes on an MPI intercommunicator (Accept/Connect on a port
+                               the exporter names on the control socket, one kept per pair of processes;
+                               mpi_mover.py: the handshake and how a process joins MPI without mpiexec)
 """
 
 from __future__ import annotations
