@@ -259,6 +259,17 @@ def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max
 
 def best_colocated(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None,
                    candidates: list[tuple[ColocatedCandidate, float]], found: list[Found]) -> Side | None:
+    """The smallest key (the first in shortlist order among equals), as a Side."""
+    chosen = confirm_colocated(planner, goodput, rate, max_gpus, candidates, found)
+    return None if chosen is None else colocated_side_of(candidates, chosen)
+
+
+Chosen = tuple[int, int, float, Measured, bool | None, SimSummary | None]  # index, instances, static, goodput,
+#                                                                           meets target, summary at target
+
+
+def confirm_colocated(planner: Planner, goodput: Goodput, rate: float | None, max_gpus: int | None,
+                      candidates: list[tuple[ColocatedCandidate, float]], found: list[Found]) -> Chosen | None:
     """The smallest key (the first in shortlist order among equals); with a target, its count is then
     confirmed at the target rate (one more instance while it misses) and its goodput searched again."""
     if not found:
@@ -277,10 +288,15 @@ def best_colocated(planner: Planner, goodput: Goodput, rate: float | None, max_g
         m_num = goodput.search(c.cluster(num, tpb), static)
         assert m_num is not None
         m = m_num
-    side = Side("colocated", f"{num}x TP{c.tp} {c.policy}", num * c.tp, {"colocated": c.tp}, {"colocated": num},
+    return i, num, static, m, meets, target_summary
+
+
+def colocated_side_of(candidates: list[tuple[ColocatedCandidate, float]], chosen: Chosen) -> Side:
+    i, num, static, m, meets, target_summary = chosen
+    c = candidates[i][0]
+    return Side("colocated", f"{num}x TP{c.tp} {c.policy}", num * c.tp, {"colocated": c.tp}, {"colocated": num},
                 {"colocated": c.max_batch_size}, {"colocated": c.max_num_tokens}, static, m, c.inst.source,
                 policy=c.policy, meets_target=meets, target_summary=target_summary, colocated=c)
-    return side
 
 
 def _promise(candidate: tuple[ColocatedCandidate, float], rate: float | None, max_gpus: int | None) -> tuple:

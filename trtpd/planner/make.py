@@ -38,10 +38,11 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
     candidates = compare.shortlist(planner) if comparing else []
     order = compare.search_order(candidates, rate, budget)
 
-    def colocated(order_: list[int]) -> list[compare.Found]:
-        return compare.search_colocated(planner, goodput, rate, budget, candidates, order_)
+    def colocated() -> compare.Chosen | None:       # picklable: no performance model in it
+        found = compare.search_colocated(planner, goodput, rate, budget, candidates, order)
+        return compare.confirm_colocated(planner, goodput, rate, budget, candidates, found)
 
-    def disaggregated() -> tuple[Plan, compare.Side | None, list[compare.Found]]:
+    def disaggregated() -> tuple[Plan, compare.Side | None]:
         verify = options if problem.target is not None else replace(options, try_fewer=False)  # a budget: keep
         choice, verdict = result.choice, None                                                # its GPUs
         if choice is not None:
@@ -50,16 +51,15 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
                 choice, verdict = _verified(problem, result, choice, result.rate_per_s, verify)
         plan = _to_plan(problem, result, choice, verdict)
         if not comparing:
-            return plan, None, []
+            return plan, None
         disagg = compare.disaggregated_side(planner, choice, goodput, rate) if choice is not None else None
-        return plan, disagg, []
+        return plan, disagg
 
     if not comparing:
         return disaggregated()[0]
-    # the colocated searches need nothing of the disaggregated side: both at once (trtpd.planner.parallel);
-    # every candidate a process prunes loses to one it kept, so the best of the two lists is the best
-    found, (plan, disagg, found_here) = parallel.both(lambda: colocated(order), disaggregated, options.parallel)
-    coloc = compare.best_colocated(planner, goodput, rate, budget, candidates, found + found_here)
+    # the colocated search needs nothing of the disaggregated side: both at once (trtpd.planner.parallel)
+    chosen, (plan, disagg) = parallel.both(colocated, disaggregated, options.parallel)
+    coloc = None if chosen is None else compare.colocated_side_of(candidates, chosen)
     _add_comparison(plan, result, disagg, coloc, rate)
     return plan
 
