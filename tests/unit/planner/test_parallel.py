@@ -32,3 +32,24 @@ def test_both_runs_the_first_in_a_child_and_recomputes_what_the_child_could_not_
     assert parallel.both(only_here, lambda: 1) == ("recomputed", 1)
     with pytest.raises(ZeroDivisionError):          # an error of its own still surfaces
         parallel.both(lambda: 1 / 0, lambda: 1)
+
+
+@pytest.mark.parametrize("name", ["budget-70b-fixed", "target-70b-fixed"])
+def test_the_plan_quotes_the_unpruned_colocated_search(name):
+    """make_plan's colocated side (pruned, in a second process) is the one a plain search of every
+    shortlisted candidate to the end finds, figure for figure."""
+    from trtpd.planner import compare
+    from trtpd.planner.search import Planner
+    problem = CASES[name]
+    plan = make_plan(problem, VerifyOptions(num_requests=800, compare_requests=300))
+    planner = Planner(problem)
+    rate = problem.target.requests_per_s(planner.stats.mean_tokens_per_request) if problem.target else None
+    full = compare.colocated_side(planner, compare.Goodput(problem, 300, 0), rate, problem.space.max_gpus,
+                                  prune=False)
+    quoted = plan.comparison.colocated
+    assert (quoted.label, quoted.num_gpus, quoted.goodput_rate_per_s, quoted.static_rate_per_s,
+            quoted.slo_attainment, quoted.ttft_s, quoted.tpot_s, quoted.meets_target) == \
+        (full.label, full.num_gpus, full.measured.rate_per_s, full.static_rate_per_s,
+         full.measured.summary.slo_attainment, full.measured.summary.ttft_s.as_dict(),
+         full.measured.summary.tpot_s.as_dict(), full.meets_target)
+    assert plan.colocated.num_instances == full.num_instances["colocated"]
