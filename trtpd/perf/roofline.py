@@ -143,9 +143,27 @@ class RooflinePerfModel:
 
     def mixed_step_s(self, prefill_tokens: int, sum_sq_tokens: int, batch_size: int,
                      total_context_tokens: int) -> float:
+        """Same as mixed_breakdown(...).total_s, inlined (the same operations in the same order, no breakdown
+        objects): the simulator's colocated instances call it once per step."""
         if not prefill_tokens:
             return self.decode_step_s(batch_size, total_context_tokens)
-        return self.mixed_breakdown(prefill_tokens, sum_sq_tokens, batch_size, total_context_tokens).total_s
+        model, flops_per_s, kv = self.model, self.flops_per_s, self.kv_bytes_per_token_per_device
+        layers = model.num_layers
+        p_flops = 2 * self.linear_params_no_head * prefill_tokens + 2 * layers * self.d_attn * sum_sq_tokens
+        linear = self.linear_params_no_head + self.lm_head_params
+        d_flops = 2 * linear * batch_size + 4 * layers * self.d_attn_decode * total_context_tokens
+        if model.is_moe:
+            w_p = self.weights_read_per_device(prefill_tokens)
+            w_d = self.weights_read_per_device(batch_size)
+            w_pd = self.weights_read_per_device(prefill_tokens + batch_size)
+        else:
+            w_p = w_d = w_pd = self.weight_bytes_per_device
+        bytes_moved = (w_p + prefill_tokens * kv) + (w_d + (total_context_tokens + batch_size) * kv) - w_p - w_d + w_pd
+        compute_s = p_flops / flops_per_s + d_flops / flops_per_s
+        memory_s = bytes_moved / self.hbm_bytes_per_s
+        h = self.hardware
+        overhead_s = max(h.prefill_overhead_s, h.decode_overhead_s)
+        return max(compute_s, memory_s) + self._comm_s(prefill_tokens + batch_size) + overhead_s
 
     def prefill_s(self, num_tokens: int, sum_sq_tokens: int | None = None) -> float:
         return self.prefill_breakdown(num_tokens, sum_sq_tokens).total_s

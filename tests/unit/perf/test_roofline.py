@@ -121,3 +121,19 @@ def test_moe_decode_reads_active_weights_at_batch_1_and_all_at_large_batches(h10
     for batch, context in ((1, 6144), (34, 34 * 6400), (256, 256 * 6400)):
         assert r.decode_step_s(batch, context) == pytest.approx(r.decode_breakdown(batch, context).total_s)
     assert r.kv_capacity_tokens > 1_000_000 // 2    # fp8 weights 84 GB per H200, the rest holds MLA latents
+
+
+@pytest.mark.parametrize("name,hw,tp,weights,kv", [
+    ("llama-2-70b", "h100-sxm", 4, "fp16", "fp16"), ("llama-2-70b", "h200", 8, "fp8", "fp8"),
+    ("llama-2-7b", "a100-80g", 1, "fp16", "fp16"), ("opt-13b", "a100-80g", 2, "fp16", "fp16"),
+    ("deepseek-v3.1", "h200", 8, "fp8", "fp16")])
+def test_mixed_step_s_is_the_mixed_breakdown_total_bit_for_bit(name, hw, tp, weights, kv):
+    """mixed_step_s is inlined for the simulator; it must give the very float mixed_breakdown's total gives."""
+    import random
+    r = RooflinePerfModel(get_model(name), load_hardware(hw), tp=tp, weight_dtype=weights, kv_dtype=kv)
+    rng = random.Random(0)
+    for _ in range(3000):
+        p, b = rng.choice([1, 7, 512, 2048, 6144, rng.randint(1, 16384)]), rng.choice([0, 1, 3, 64, rng.randint(0, 512)])
+        sq = p * p + 2 * p * rng.choice([0, 0, 1, 2048, rng.randint(0, 20000)])
+        ctx = b * rng.choice([1, 100, 700, rng.randint(1, 8000)])
+        assert r.mixed_step_s(p, sq, b, ctx) == r.mixed_breakdown(p, sq, b, ctx).total_s, (p, sq, b, ctx)
