@@ -165,6 +165,54 @@ class ColocatedInstance(SteppingInstance):
         self.loop.push(now_s + duration_s, self._step_done)
 
     def _start_chunked_step(self, now_s: float, after_step: bool = False) -> None:
+        duration_s = self._plan_chunked_step(now_s)
+        if duration_s is None:
+            self.is_stepping = False
+            return
+        if self.step_chunks and self.inline_steps:
+            self.busy_s += duration_s          # as _begin_step
+            self.sum_batch_steps += self.num_ready
+            self.is_stepping = True
+            self.loop.push(self._run_chunk_steps(now_s + duration_s), self._step_done)
+            return
+        self._begin_step(now_s, duration_s, self._decode_only_step_s if after_step and not self.step_chunks else None)
+
+    def _run_chunk_steps(self, end_s: float) -> float:
+        """Chunked: ends the step that ends at end_s and starts the next, inline, while that step end is before
+        every other event that could reach this instance (horizon_s) and completes no prompt and finishes no
+        sequence: the step computes one chunk that leaves the head prompt unfinished. Such a step end changes
+        this instance's counters only (what _step_done then does: _end_step with no one finishing, the chunk
+        counted, no prompt done); the next step starts as _start_chunked_step starts it (admission included,
+        at the same state and time). Returns the end of the step the heap gets."""
+        next_s = self.horizon_s()              # nothing is pushed while these steps run
+        num_computed, finishing = self.num_computed, self.finishing
+        n = 0
+        while end_s < next_s:
+            chunks = self.step_chunks
+            if len(chunks) != 1:
+                break
+            seq, c = chunks[0]
+            done = num_computed[seq.request_id] + c
+            if done == seq.num_prompt_tokens or (finishing and finishing[0][0] == self.num_steps + 1):
+                break
+            self.num_steps += 1                # the step ending at end_s (as _step_done)
+            self.total_context_tokens += self.num_ready
+            num_computed[seq.request_id] = done
+            n += 1
+            now_s = end_s
+            duration_s = self._plan_chunked_step(now_s)   # the next step (as _start_chunked_step)
+            assert duration_s is not None      # the head prompt is still chunking
+            self.busy_s += duration_s
+            self.sum_batch_steps += self.num_ready
+            end_s = now_s + duration_s
+            if not self.step_chunks:           # decode-only (no budget left): as _begin_step after a step
+                end_s = self._run_decode_only_steps(end_s, self._decode_only_step_s)
+                break
+        self.loop.num_inline_events += n
+        return end_s
+
+    def _plan_chunked_step(self, now_s: float) -> float | None:
+        """Admits, picks the step's chunks (step_chunks) and returns its duration; None: nothing to step."""
         for seq in self._admit(self.num_ready):
             self.chunking.append(seq)
             self.num_computed[seq.request_id] = 0
@@ -185,10 +233,8 @@ class ColocatedInstance(SteppingInstance):
         self.step_chunks = chunks
         self.is_prefill_only = False
         if not chunks and not self.num_ready:
-            self.is_stepping = False
-            return
-        duration_s = mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
-        self._begin_step(now_s, duration_s, self._decode_only_step_s if after_step and not chunks else None)
+            return None
+        return mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
 
     # -- step ends ---------------------------------------------------------------------------------
     def _step_done(self, now_s: float, _: object = None) -> None:

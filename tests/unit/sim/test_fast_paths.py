@@ -145,3 +145,43 @@ def test_a_run_stopped_once_decided_agrees_with_its_end_and_goes_on_unchanged(na
             num_early += sim.records.num_done < whole.records.num_done
         assert _everything(sim.run()) == _everything(whole)
     assert num_early or whole.stopped_overloaded       # some runs did stop early
+
+
+def _roofline_chunked(max_num_tokens, batch, num=2):
+    from trtpd.catalog import get_model
+    from trtpd.perf.hardware import load_hardware
+    from trtpd.perf.roofline import RooflinePerfModel
+    perf = RooflinePerfModel(get_model("llama-2-70b"), load_hardware("h200"), tp=4)
+    return replace(colocated(perf, num=num, batch=batch, max_num_tokens=max_num_tokens,
+                             kv_tokens=perf.kv_capacity_tokens), colocated_policy="chunked")
+
+
+CHUNKED = {
+    "seed004-budget-2048": ("seed004", _roofline_chunked(2048, 64)),
+    "seed004-budget-4096": ("seed004", _roofline_chunked(4096, 128)),
+    "seed004-budget-below-batch": ("seed004", _roofline_chunked(40, 64)),   # steps with no budget left for chunks
+    "chat-budget-256": ("chat-powerlaw", _roofline_chunked(256, 32)),
+    "chat-fake-perf": ("chat-powerlaw", CLUSTERS["colocated-chunked"]),
+}
+
+
+@pytest.mark.parametrize("load", [0.3, 1.0, 3.0], ids=["light", "busy", "overloaded"])
+@pytest.mark.parametrize("name", list(CHUNKED))
+def test_inline_chunk_steps_give_the_same_run(name, load, heap_pushes, monkeypatch):
+    """Chunked context: steps that compute one chunk of the head prompt and finish nothing run inline
+    (ColocatedInstance._run_chunk_steps). The same run with them through the heap, and with no inline step at
+    all, compared exactly."""
+    from trtpd.sim.colocated_instance import ColocatedInstance
+    workload, cluster = CHUNKED[name]
+    rate_per_s = load * (2.0 if workload == "seed004" else 40.0)
+    requests = generate_requests(load_workload(workload), rate_per_s, 400, seed=5)
+    fast = simulate(cluster, requests, max_in_system=300)
+    pushes_fast, heap_pushes[0] = heap_pushes[0], 0
+    slow = simulate(cluster, requests, inline_steps=False, max_in_system=300)
+    heap_pushes[0] = 0
+    with monkeypatch.context() as m:
+        m.setattr(ColocatedInstance, "_run_chunk_steps", lambda self, end_s: end_s)
+        no_chunk_inline = simulate(cluster, requests, max_in_system=300)
+    assert _everything(fast) == _everything(slow) == _everything(no_chunk_inline)
+    assert pushes_fast < heap_pushes[0]                  # the inline chunk steps were taken
+    assert fast.records.num_done > 0 or fast.stopped_overloaded
