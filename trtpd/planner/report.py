@@ -110,9 +110,11 @@ def comparison_lines(plan: Plan) -> list[str]:
             ("performance data", lambda s, _: s.perf_source)]
     lines = ["  colocated vs disaggregated (same curves; goodput = highest rate meeting the SLO attainment, "
              "static = no queueing, no KV transfer):"]
-    for label, cell in rows:
-        cells = [cell(s, name) if s is not None else ("(none fits)" if not label else "-") for name, s in sides]
-        lines.append(f"    {label:<20} {cells[0]:<54} {cells[1]}")
+    table = [(label, [cell(s, name) if s is not None else ("(none fits)" if not label else "-")
+                      for name, s in sides]) for label, cell in rows]
+    width = max(54, max(len(cells[0]) for _, cells in table) + 2)   # the left column never runs into the right
+    for label, cells in table:
+        lines.append(f"    {label:<20} {cells[0]:<{width}} {cells[1]}")
     if c.recommended is None:
         lines.append("  recommendation: none (" + "; ".join(c.reasons) + ")")
         return lines

@@ -111,23 +111,24 @@ def test_reference_dry_run_writes_nothing(fake_reference, tmp_path, capsys):
     assert fake_reference == [] and list(tmp_path.iterdir()) == []
 
 
-def _plan_2k(tmp_path):
-    import yaml
+def _example_plan(tmp_path):
+    """The bundled Llama-2-70B example plan (its lengths fit the model's 4,096 positions)."""
     from trtpd.resources import configs_dir
-    d = yaml.safe_load((configs_dir("plans") / "example-llama-2-70b-h100-chat-40rps.yaml").read_text())
-    d["prefill"].update(max_input_len=2048, max_seq_len=2049)
-    d["decode"].update(max_input_len=2048, max_seq_len=2432)
-    path = tmp_path / "plan.yaml"
-    path.write_text(yaml.safe_dump(d))
-    return path
+    return configs_dir("plans") / "example-llama-2-70b-h100-chat-40rps.yaml"
 
 
 def test_plan_supplies_tp_counts_batches_and_lengths(tmp_path, capsys):
-    assert run("--model", "llama-2-70b", "--plan", str(_plan_2k(tmp_path)), "--dry-run",
+    from trtpd.schema.plan import load_plan
+    plan = load_plan(_example_plan(tmp_path))
+    p, d = plan.prefill, plan.decode
+    assert run("--model", "llama-2-70b", "--plan", str(_example_plan(tmp_path)), "--dry-run",
                "--engines-dir", str(tmp_path / "engines")) == 0
     out = capsys.readouterr().out
-    assert "prefill: TP1 PP1 x3, max_batch_size 21, max_num_tokens 4096, max_input_len 2048, max_seq_len 2432" in out
-    assert "decode:  TP2 PP1 x1, max_batch_size 600, max_num_tokens 600" in out
+    assert (f"prefill: TP{p.tp} PP1 x{p.num_instances}, max_batch_size {p.max_batch_size}, max_num_tokens "
+            f"{p.max_num_tokens}, max_input_len {p.max_input_len}, max_seq_len {d.max_seq_len}") in out
+    assert (f"decode:  TP{d.tp} PP1 x{d.num_instances}, max_batch_size {d.max_batch_size}, max_num_tokens "
+            f"{d.max_num_tokens}, max_input_len {d.max_input_len}, max_seq_len {d.max_seq_len}") in out
+    assert d.max_num_tokens < d.max_input_len and "lint: 0 error(s)" in out   # decode runs chunked context
     assert "--kv_cache_dtype fp8" in out and "--tokens_per_block 32" in out
 
 
@@ -136,12 +137,12 @@ def test_plan_supplies_tp_counts_batches_and_lengths(tmp_path, capsys):
     (("--kv-dtype", "fp16"), "--kv-dtype fp16 contradicts"),
 ])
 def test_a_flag_contradicting_the_plan_is_refused(tmp_path, capsys, extra, message):
-    assert run("--model", "llama-2-70b", "--plan", str(_plan_2k(tmp_path)), *extra, "--dry-run",
+    assert run("--model", "llama-2-70b", "--plan", str(_example_plan(tmp_path)), *extra, "--dry-run",
                "--engines-dir", str(tmp_path / "engines")) == 2
     assert message in capsys.readouterr().err
 
 
 def test_a_plan_for_another_model_is_refused(tmp_path, capsys):
-    assert run("--model", "llama-3.1-8b", "--plan", str(_plan_2k(tmp_path)), "--dry-run",
+    assert run("--model", "llama-3.1-8b", "--plan", str(_example_plan(tmp_path)), "--dry-run",
                "--engines-dir", str(tmp_path / "engines")) == 2
     assert "the plan is for model llama-2-70b" in capsys.readouterr().err

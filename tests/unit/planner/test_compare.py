@@ -78,3 +78,26 @@ def test_simulate_takes_the_plans_colocated_configuration(colocated_plan):
     c = colocated_plan.colocated
     assert (opts.colocated_policy, opts.colocated_tp, opts.num_colocated_instances) == (c.policy, c.tp, c.num_instances)
     assert opts.colocated_max_num_tokens == c.max_num_tokens
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs/plans").glob("*.yaml")), ids=lambda p: p.name)
+def test_bundled_plan_files_fit_their_models_context(path):
+    plan = load_plan(path)
+    context = get_model(plan.model).max_position_embeddings
+    lengths = [plan.prefill.max_seq_len, plan.decode.max_seq_len] if plan.decode else [plan.colocated.max_seq_len]
+    assert max(lengths) <= context, f"{path.name}: max_seq_len {max(lengths)} > {plan.model}'s {context}"
+    assert not any("context" in note for note in plan.notes), plan.notes
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs/plans").glob("*.yaml")), ids=lambda p: p.name)
+def test_the_side_by_side_table_keeps_its_columns_apart(path):
+    from trtpd.planner.report import comparison_lines
+    plan = load_plan(path)
+    if plan.comparison is None:
+        pytest.fail(f"{path.name} has no colocated comparison: regenerate it with trtpd plan")
+    lines = comparison_lines(plan)
+    rows = lines[1:next(i for i, line in enumerate(lines) if line.startswith("  recommendation"))]
+    assert len(rows) == 10
+    start = rows[0].index("colocated")            # the header row: where the right column begins
+    for row in rows[1:]:
+        assert row[start - 2:start] == "  " and row[start] != " ", "\n".join(rows)
