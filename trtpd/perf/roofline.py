@@ -147,12 +147,12 @@ class RooflinePerfModel:
         objects): the simulator's colocated instances call it once per step."""
         if not prefill_tokens:
             return self.decode_step_s(batch_size, total_context_tokens)
-        model, flops_per_s, kv = self.model, self.flops_per_s, self.kv_bytes_per_token_per_device
-        layers = model.num_layers
-        p_flops = 2 * self.linear_params_no_head * prefill_tokens + 2 * layers * self.d_attn * sum_sq_tokens
-        linear = self.linear_params_no_head + self.lm_head_params
-        d_flops = 2 * linear * batch_size + 4 * layers * self.d_attn_decode * total_context_tokens
-        if model.is_moe:
+        (c_prefill_linear, c_prefill_attn, c_decode_linear, c_decode_attn, ring, latency_s, two_layers,
+         overhead_s) = self._mixed_coeffs
+        flops_per_s, kv = self.flops_per_s, self.kv_bytes_per_token_per_device
+        p_flops = c_prefill_linear * prefill_tokens + c_prefill_attn * sum_sq_tokens
+        d_flops = c_decode_linear * batch_size + c_decode_attn * total_context_tokens
+        if self.model.is_moe:
             w_p = self.weights_read_per_device(prefill_tokens)
             w_d = self.weights_read_per_device(batch_size)
             w_pd = self.weights_read_per_device(prefill_tokens + batch_size)
@@ -161,9 +161,12 @@ class RooflinePerfModel:
         bytes_moved = (w_p + prefill_tokens * kv) + (w_d + (total_context_tokens + batch_size) * kv) - w_p - w_d + w_pd
         compute_s = p_flops / flops_per_s + d_flops / flops_per_s
         memory_s = bytes_moved / self.hbm_bytes_per_s
-        h = self.hardware
-        overhead_s = max(h.prefill_overhead_s, h.decode_overhead_s)
-        return max(compute_s, memory_s) + self._comm_s(prefill_tokens + batch_size) + overhead_s
+        if ring is None:
+            comm_s = 0.0
+        else:      # as _comm_s(prefill_tokens + batch_size)
+            comm_s = two_layers * (ring * ((prefill_tokens + batch_size) * self.model.hidden_size * ACTIVATION_BYTES)
+                                   / self.allreduce_bytes_per_s + latency_s)
+        return (compute_s if compute_s >= memory_s else memory_s) + comm_s + overhead_s
 
     def prefill_s(self, num_tokens: int, sum_sq_tokens: int | None = None) -> float:
         return self.prefill_breakdown(num_tokens, sum_sq_tokens).total_s
@@ -179,6 +182,13 @@ class RooflinePerfModel:
 
     def _init_decode_coeffs(self) -> None:
         layers = self.model.num_layers
+        h = self.hardware
+        # mixed_step_s: the leading products of prefill_breakdown's, decode_breakdown's and _comm_s's terms
+        # (Python multiplies left to right, so 2 * a * n is (2 * a) * n: the same floats)
+        self._mixed_coeffs = (2 * self.linear_params_no_head, 2 * layers * self.d_attn,
+                              2 * (self.linear_params_no_head + self.lm_head_params), 4 * layers * self.d_attn_decode,
+                              2 * (self.tp - 1) / self.tp if self.tp > 1 else None, h.allreduce_latency_s,
+                              2 * layers, max(h.prefill_overhead_s, h.decode_overhead_s))
         linear = self.linear_params_no_head + self.lm_head_params
         if self.tp > 1:
             ring = 2 * (self.tp - 1) / self.tp * self.model.hidden_size * ACTIVATION_BYTES / self.allreduce_bytes_per_s

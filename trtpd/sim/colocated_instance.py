@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import deque
 from dataclasses import replace
@@ -58,6 +59,9 @@ class ColocatedInstance(SteppingInstance):
         self.index = index
         self.loop = loop
         self.perf = perf
+        mixed = getattr(perf, "mixed_step_s", None)   # what mixed_step_s(perf, ...) calls, looked up once
+        self._step_s: Callable[[int, int, int, int], float] = (
+            mixed if mixed is not None else functools.partial(mixed_step_s, perf))
         self.policy = policy
         self.token_budget = config.max_num_tokens
         allocator = (BlockAllocator if exact_steps else BlockCounter)(num_blocks, tokens_per_block)
@@ -110,7 +114,7 @@ class ColocatedInstance(SteppingInstance):
             self._start_mixed_step(now_s, after_step)
 
     def _decode_only_step_s(self, batch_size: int, total_context_tokens: int) -> float:
-        return mixed_step_s(self.perf, 0, 0, batch_size, total_context_tokens)
+        return self._step_s(0, 0, batch_size, total_context_tokens)
 
     def _admit(self, num_decode_rows: int) -> tuple[SimSequence, ...]:
         if self.exact_steps:
@@ -137,7 +141,7 @@ class ColocatedInstance(SteppingInstance):
         if not admitted and not self.num_ready:
             self.is_stepping = False
             return
-        duration_s = mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
+        duration_s = self._step_s(prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
         self._begin_step(now_s, duration_s, self._decode_only_step_s if after_step and not admitted else None)
 
     def _decode_only_plan(self) -> tuple[SimSequence, ...]:
@@ -234,7 +238,7 @@ class ColocatedInstance(SteppingInstance):
         self.is_prefill_only = False
         if not chunks and not self.num_ready:
             return None
-        return mixed_step_s(self.perf, prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
+        return self._step_s(prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
 
     # -- step ends ---------------------------------------------------------------------------------
     def _step_done(self, now_s: float, _: object = None) -> None:
