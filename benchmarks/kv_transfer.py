@@ -4,9 +4,14 @@
 
 The KV is Llama-2-70B-shaped (80 layers, 8 KV heads, head size 128, 32 tokens per block), fp16 and fp8.
 The exporter runs in a separate process (multiprocessing spawn) on a pool in /dev/shm; this process pulls
-into its own pool (shm, tcp, ucx; mpi is measured apart, see trtpd/kv/mpi_mover.py). memcpy is torch's copy_ of the same byte count with 1 thread, measured in the same run
+into its own pool over shm, tcp, ucx and mpi. Both processes load ucxx before MPI starts, so MPICH runs its ofi
+netmod on both sides (trtpd/kv/mpi_mover.py: ucxx and MPICH's UCX netmod cannot share a process).
+memcpy is torch's copy_ of the same byte count with 1 thread, measured in the same run
 (first, before any exporter process starts; median of max(--reps, 9)).
 Transfer times are medians over --reps pulls, each from connect to the exporter's confirmation.
+Set-up: the first pull of a transport between the two processes is a one-block (32-token) request; the
+connection, the UCX endpoint or MPI's start and handshake, and page mappings happen there. Set-up = that pull
+minus the median of --reps later one-block pulls: what a transport costs once per pair of processes.
 
 Layer-wise: the exporter emulates prefill compute by sleeping --per-layer-compute-ms per layer (a GPU does
 not use the CPU for it) and marks each layer ready. The default, 2.0 ms x 80 layers = 160 ms, is a
@@ -34,7 +39,7 @@ from trtpd.kv.layout import KvLayout
 from trtpd.kv.pool import SHM_DIR, KvPool
 from trtpd.kv.spans import num_blocks_for, pool_bytes
 
-TRANSPORTS = ("shm", "tcp", "ucx")   # mpi: see the report; ucxx and MPICH cannot share the exporter process
+TRANSPORTS = ("shm", "tcp", "ucx", "mpi")   # in this order: ucxx is loaded before MPI starts (ofi netmod)
 
 
 def llama2_70b_layout(dtype: str) -> KvLayout:
@@ -114,13 +119,18 @@ class Bench:
         """Prefill with no pacing, then pull: (pull seconds, exposed seconds after completion)."""
         return self._after_complete(transport, 0.0)
 
-    def _after_complete(self, transport: str, per_layer_s: float) -> tuple[float, float]:
-        request_id = self._next_id()
-        self._call("register", transport, request_id, self.num_tokens)
-        completed_s, handle = self._call("prefill", transport, request_id, self.num_tokens, per_layer_s)
-        result = self.importer.pull(self.importer.verify(handle, time.time()), self.dst_block_ids)
-        assert result.bytes_moved == self.layout.bytes_for(self.num_tokens)
+    def _after_complete(self, transport: str, per_layer_s: float, num_tokens: int = 0) -> tuple[float, float]:
+        request_id, num_tokens = self._next_id(), num_tokens or self.num_tokens
+        self._call("register", transport, request_id, num_tokens)
+        completed_s, handle = self._call("prefill", transport, request_id, num_tokens, per_layer_s)
+        dst_block_ids = self.dst_block_ids[:num_blocks_for(num_tokens, self.layout.tokens_per_block)]
+        result = self.importer.pull(self.importer.verify(handle, time.time()), dst_block_ids)
+        assert result.bytes_moved == self.layout.bytes_for(num_tokens)
         return result.seconds, time.perf_counter() - completed_s
+
+    def small_pull_s(self, transport: str) -> float:
+        """One block (32 tokens), no pacing: the connection's cost more than the bytes'."""
+        return self._after_complete(transport, 0.0, self.layout.tokens_per_block)[0]
 
     def exposed_layer_wise_s(self, transport: str, per_layer_s: float) -> float:
         request_id = self._next_id()
@@ -172,10 +182,12 @@ def main() -> None:
         bench = Bench(layout, args.tokens, key)
         try:
             for transport in TRANSPORTS:
-                bench.pull_after_complete(transport)   # warm-up: connection setup, page mappings
+                first_s = bench.small_pull_s(transport)             # the first pull: connection set-up
+                small_s = statistics.median(bench.small_pull_s(transport) for _ in range(max(args.reps, 5)))
+                bench.pull_after_complete(transport)                  # warm-up: page mappings of the pool
                 pulls_s = [bench.pull_after_complete(transport)[0] for _ in range(args.reps)]
                 bandwidth_rows.append((dtype, num_bytes, memcpy_s[dtype], transport, statistics.median(pulls_s),
-                                       min(pulls_s)))
+                                       min(pulls_s), first_s, small_s))
                 after_s = statistics.median(bench.exposed_after_complete_s(transport, per_layer_s)
                                             for _ in range(args.layer_wise_reps))
                 wise_s = statistics.median(bench.exposed_layer_wise_s(transport, per_layer_s)
@@ -192,11 +204,14 @@ def print_tables(args, bandwidth_rows, layer_rows) -> None:
     print(f"KV transfer, Llama-2-70B shape (80 layers, 8 KV heads, head 128, 32 tokens/block), {args.tokens} tokens; "
           f"exporter in a separate process; {os.cpu_count()} CPUs; medians of {args.reps} pulls")
     print(f"{'dtype':<6}{'KV bytes':>14}{'memcpy 1 thr':>14}{'transport':>11}{'pull':>10}{'GB/s':>8}{'% memcpy':>10}"
-          f"{'best GB/s':>11}")
-    for dtype, num_bytes, memcpy_s, transport, pull_s, best_s in bandwidth_rows:
+          f"{'best GB/s':>11}{'1st 1-block':>13}{'1-block':>9}{'set-up':>9}")
+    for dtype, num_bytes, memcpy_s, transport, pull_s, best_s, first_s, small_s in bandwidth_rows:
         print(f"{dtype:<6}{num_bytes:>14,}{num_bytes / memcpy_s / 1e9:>9.2f} GB/s{transport:>11}"
               f"{pull_s * 1e3:>7.1f} ms{num_bytes / pull_s / 1e9:>8.2f}{100 * memcpy_s / pull_s:>9.0f}%"
-              f"{num_bytes / best_s / 1e9:>11.2f}")
+              f"{num_bytes / best_s / 1e9:>11.2f}{first_s * 1e3:>10.1f} ms{small_s * 1e3:>6.1f} ms"
+              f"{(first_s - small_s) * 1e3:>6.1f} ms")
+    print("(set-up = the first one-block pull between the two processes - the median later one: connection, UCX "
+          "endpoint, or MPI's start in both processes and its handshake)")
     print()
     print(f"Layer-wise pulling: prefill emulated as {args.per_layer_compute_ms:g} ms x 80 layers = "
           f"{args.per_layer_compute_ms * 80:g} ms; exposed = last layer ready -> pull confirmed; "
