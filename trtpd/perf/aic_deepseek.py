@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from trtpd.catalog import ModelSpec
 from trtpd.errors import ConfigError
+from trtpd.perf.aiconfigurator import ComposedSteps
 
 GEMM_DTYPES = {"fp8": "fp8_block", "fp16": "bfloat16", "bf16": "bfloat16"}
 KV_DTYPES = {"fp8": "fp8", "fp16": "bfloat16", "bf16": "bfloat16"}
@@ -35,7 +36,7 @@ def _same_shapes_as_v3(m: ModelSpec) -> bool:
             m.v_head_dim) == (128, 7168, 1536, 512, 128, 64, 128)
 
 
-class AicMlaMoeComposer:
+class AicMlaMoeComposer(ComposedSteps):
     """Forward-pass latencies (seconds) of an MLA + MoE model; the same interface as AicComposer."""
 
     def __init__(self, system, model: ModelSpec, tp: int, weight_dtype: str, kv_dtype: str) -> None:
@@ -93,15 +94,6 @@ class AicMlaMoeComposer:
 
     def decode_ops_ms(self, batch_size: int, context_len: int) -> dict[str, float]:
         return self._ops_ms("generation", batch_size, batch_size, context_len)
-
-    def context_s(self, batch_size: int, isl: int) -> float:
-        return sum(self.context_ops_ms(batch_size, isl).values()) / 1e3
-
-    def prefill_s(self, num_tokens: int) -> float:
-        return self.context_s(1, num_tokens)
-
-    def decode_step_s(self, batch_size: int, context_len: int) -> float:
-        return sum(self.decode_ops_ms(batch_size, context_len).values()) / 1e3
 
     @property
     def backend(self) -> str:

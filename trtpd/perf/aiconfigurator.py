@@ -310,7 +310,21 @@ class DenseLayerShapes:
         return [(q + 2 * kv, h), (h, q), (up, h), (h, ffn)]
 
 
-class AicComposer:
+class ComposedSteps:
+    """Curve points from a composer's per-operator times in milliseconds (its context_ops_ms, decode_ops_ms)."""
+
+    def context_s(self, batch_size: int, isl: int) -> float:
+        return sum(self.context_ops_ms(batch_size, isl).values()) / 1e3
+
+    def prefill_s(self, num_tokens: int) -> float:
+        """The prefill curve's point: one sequence of num_tokens."""
+        return self.context_s(1, num_tokens)
+
+    def decode_step_s(self, batch_size: int, context_len: int) -> float:
+        return sum(self.decode_ops_ms(batch_size, context_len).values()) / 1e3
+
+
+class AicComposer(ComposedSteps):
     """Sums operator latencies into forward-pass latencies (seconds)."""
 
     def __init__(self, system: AicSystem, model: ModelSpec, tp: int, weight_dtype: str, kv_dtype: str) -> None:
@@ -348,16 +362,6 @@ class AicComposer:
         attn = self.system.attention_ms("generation_attention_perf", batch_size, context_len, self.shapes.heads,
                                         self.kv_dtype)
         return self._ops_ms(batch_size, batch_size, attn)
-
-    def context_s(self, batch_size: int, isl: int) -> float:
-        return sum(self.context_ops_ms(batch_size, isl).values()) / 1e3
-
-    def prefill_s(self, num_tokens: int) -> float:
-        """The prefill curve's point: one sequence of num_tokens."""
-        return self.context_s(1, num_tokens)
-
-    def decode_step_s(self, batch_size: int, context_len: int) -> float:
-        return sum(self.decode_ops_ms(batch_size, context_len).values()) / 1e3
 
     @property
     def backend(self) -> str:

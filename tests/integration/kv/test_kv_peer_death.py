@@ -36,13 +36,11 @@ def start_importer(key: bytes, handle: bytes, dst_block_ids: list[int]) -> subpr
     return proc
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_decode_killed_mid_pull_releases_the_blocks_and_the_exporter_serves_others(exporters, transport):
-    exporter = exporters.start(transport, LAYOUT, timeout_s=20.0)
-    handle = exporter.register("req-k", [0, 1], 12)
-    importer = start_importer(exporters.key, handle, [2, 3])
+def kill_after_layer_0(key: bytes, exporter, request_id: str, handle: bytes) -> None:
+    """A decode-side process pulls `request_id` into blocks [2, 3] and is SIGKILLed once layer 0 has landed."""
+    importer = start_importer(key, handle, [2, 3])
     try:
-        exporter.mark(["req-k"], 0)
+        exporter.mark([request_id], 0)
         assert importer.stdout.readline().strip() == "layer 0"     # the channel is open, layer 0 moved
         os.kill(importer.pid, signal.SIGKILL)
         importer.wait(10)
@@ -50,6 +48,13 @@ def test_decode_killed_mid_pull_releases_the_blocks_and_the_exporter_serves_othe
         if importer.poll() is None:
             importer.kill()
             importer.wait()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_decode_killed_mid_pull_releases_the_blocks_and_the_exporter_serves_others(exporters, transport):
+    exporter = exporters.start(transport, LAYOUT, timeout_s=20.0)
+    handle = exporter.register("req-k", [0, 1], 12)
+    kill_after_layer_0(exporters.key, exporter, "req-k", handle)
     start_s = time.monotonic()
     for layer in range(1, LAYOUT.num_layers):     # prefill goes on; the session finds its peer gone
         exporter.mark(["req-k"], layer)             # (and releases at once: complete() would find it gone)
@@ -70,16 +75,7 @@ def test_decode_killed_while_prefill_is_still_running_releases_the_blocks_before
     (before it, the blocks stayed held until the export's deadline and the release counted a timeout)."""
     exporter = exporters.start(transport, LAYOUT, timeout_s=60.0)
     handle = exporter.register("req-s", [0, 1], 12)
-    importer = start_importer(exporters.key, handle, [2, 3])
-    try:
-        exporter.mark(["req-s"], 0)
-        assert importer.stdout.readline().strip() == "layer 0"
-        os.kill(importer.pid, signal.SIGKILL)
-        importer.wait(10)
-    finally:
-        if importer.poll() is None:
-            importer.kill()
-            importer.wait()
+    kill_after_layer_0(exporters.key, exporter, "req-s", handle)
     assert exporter.wait_released("req-s", timeout_s=30.0)    # half the deadline: a timeout cannot pass this
     stats = exporter.stats()
     assert (stats["num_pending"], stats["num_pulls"], stats["num_broken_pulls"], stats["num_timeouts"]) == (0, 0, 1, 0)

@@ -10,9 +10,10 @@ and fp8 KV on h100_sxm. trtpd reads the same tables exported to CSV (trtpd/perf/
 import csv
 import json
 import math
-import subprocess
 
 import pytest
+
+from tests.unit.perf.conftest import run_oracle
 
 from trtpd.catalog import get_model
 from trtpd.errors import ConfigError
@@ -75,18 +76,8 @@ print(json.dumps(out, default=str))
 
 
 @pytest.fixture(scope="module")
-def venv_python():
-    try:
-        return aic_python()
-    except ConfigError as exc:
-        pytest.fail(f"{exc}: these tests read the real AIConfigurator database and do not skip")
-
-
-@pytest.fixture(scope="module")
 def aic(venv_python):
-    proc = subprocess.run([str(venv_python), "-c", ORACLE, SYSTEM], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_oracle(venv_python, ORACLE, SYSTEM)
 
 
 @pytest.fixture(scope="module")

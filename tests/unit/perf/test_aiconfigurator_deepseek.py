@@ -4,13 +4,14 @@ DeepSeek-V3 on h200_sxm at TP8 (attention TP8, routed experts EP8), fp8 block-sc
 fp8 KV (its Python API, static_ctx / static_gen modes)."""
 
 import json
-import subprocess
 
 import pytest
 
+from tests.unit.perf.conftest import run_oracle
+
 from trtpd.catalog import get_model
 from trtpd.errors import ConfigError
-from trtpd.perf.aiconfigurator import (AicSystem, aic_python, composer_for, database_root, export_database,
+from trtpd.perf.aiconfigurator import (AicSystem, composer_for, database_root, export_database,
                                        profile_from_aiconfigurator)
 
 SYSTEM = "h200_sxm"
@@ -34,19 +35,8 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def venv_python():
-    try:
-        return aic_python()
-    except ConfigError as exc:
-        pytest.fail(f"{exc}: these tests read the real AIConfigurator database and do not skip")
-
-
-@pytest.fixture(scope="module")
 def aic(venv_python):
-    proc = subprocess.run([str(venv_python), "-c", ORACLE, json.dumps(CASES)], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_oracle(venv_python, ORACLE, json.dumps(CASES))
 
 
 @pytest.fixture(scope="module")
