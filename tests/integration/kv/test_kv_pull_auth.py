@@ -135,7 +135,8 @@ def test_an_endpoint_without_the_key_cannot_pose_as_the_exporter():
                 for layer in range(LAYOUT.num_layers):                    # and offers bytes of its own
                     frame.send_frame(sock, Kind.LAYER, b"\xee" * (LAYOUT.bytes_for(4) // LAYOUT.num_layers),
                                      layer=layer)
-                time.sleep(0.5)
+                sock.settimeout(10.0)
+                sock.recv(1)                                               # until the importer hangs up
             except (BrokenPipeError, ConnectionResetError):
                 seen["hung_up"] = True                                     # the importer left at the ACCEPT
 
