@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import select
 import socket
 import threading
 import time
@@ -34,21 +33,6 @@ PULL_REQUEST_TIMEOUT_S = 10.0    # a connection must send its PULL within this
 SOCKET_BUFFER_BYTES = 4 << 20
 CLOSE_GRACE_S = 1.0              # close() lets sessions send their ERROR this long before cutting them off
 CHANNEL_TIMEOUT_S = 10.0         # ucx, mpi: the importer must open its byte channel within this after ACCEPT
-
-
-def hung_up(sock: socket.socket) -> str | None:
-    """Why the peer of `sock` is gone (it closed or reset the connection), or None while it is there.
-
-    The importer sends nothing between its PULL and its ACK, so a readable socket there means EOF or an error;
-    bytes it did send stay unread (peeked) for the protocol to judge."""
-    try:
-        poller = select.poll()        # not select(): a busy server's descriptors may pass FD_SETSIZE
-        poller.register(sock, select.POLLIN | select.POLLPRI)
-        if not poller.poll(0):
-            return None
-        return None if sock.recv(1, socket.MSG_PEEK) else "the decode side closed the connection"
-    except (OSError, ValueError) as e:
-        return f"the decode side's connection failed ({e})"
 
 
 class KvExporter:
@@ -228,7 +212,7 @@ class KvExporter:
                 channel, dst_block_ids = pending.wait(min(self._remaining_s(export), CHANNEL_TIMEOUT_S))
                 plan = self._channel_plan(export, dst_block_ids)
             self._send_layers(sock, export, channel, plan)
-            first_token = self._table.wait_first_token(export, peer_gone=lambda: hung_up(sock))
+            first_token = self._table.wait_first_token(export, peer_gone=lambda: frame.peer_gone(sock))
             frame.send_frame(sock, Kind.DONE, first_token.to_bytes(8, "big", signed=True))
             sock.settimeout(self._remaining_s(export))
             try:
@@ -291,7 +275,7 @@ class KvExporter:
         payload_bytes = sum(size for _, size in spans) if self.transport == "tcp" else 0
         num_sent = 0
         while num_sent < self.pool.layout.num_layers:
-            num_ready = self._table.wait_layers(export, num_sent, peer_gone=lambda: hung_up(sock))
+            num_ready = self._table.wait_layers(export, num_sent, peer_gone=lambda: frame.peer_gone(sock))
             if channel is not None:   # the header on TCP, then the layer's segments on the transport's channel
                 for layer in range(num_sent, num_ready):
                     if export.abort is not None:

@@ -31,6 +31,7 @@ to importer, and 16 + 64 + len(handle) + 16 bytes back. A shm pull sends the sam
 from __future__ import annotations
 
 import enum
+import select
 import socket
 import struct
 from typing import NamedTuple
@@ -142,3 +143,23 @@ def recv_into_buffers(sock: socket.socket, buffers: list[memoryview]) -> int:
                 pending[i] = pending[i][got:]
                 got = 0
     return total
+
+
+def peer_gone(sock: socket.socket | None) -> str | None:
+    """Why the peer of `sock` is gone (it closed or reset the connection), or None while it is there.
+
+    For a side that expects nothing from its peer just now (an exporter between PULL and ACK, a mover waiting
+    on its channel): a readable socket then means EOF or an error. Bytes the peer did send stay unread (peeked)
+    for the protocol to judge. poll(), not select(): a busy server's descriptors may pass FD_SETSIZE."""
+    if sock is None:
+        return None
+    try:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN | select.POLLPRI)
+        if not poller.poll(0):
+            return None
+        return None if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) else "the peer closed the connection"
+    except BlockingIOError:
+        return None
+    except (OSError, ValueError) as e:
+        return f"the peer's connection failed ({e})"

@@ -59,7 +59,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import select
 import socket
 import struct
 import subprocess
@@ -71,7 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from trtpd.kv.errors import KvProtocolError
-from trtpd.kv.frame import recv_exact
+from trtpd.kv.frame import peer_gone, recv_exact
 from trtpd.kv.mover import HELLO, unpack_block_ids, unpack_hello_head
 
 POLL_S = 0.0001
@@ -105,24 +104,6 @@ def unlink_own_shm() -> list[str]:
             except OSError:
                 pass
     return removed
-
-
-def peer_gone(sock: socket.socket | None) -> str | None:
-    """Why the pull's peer is gone (it closed or reset the control socket), or None.
-
-    Bytes the peer did send (the next LAYER header) stay unread (peeked) for the protocol."""
-    if sock is None:
-        return None
-    try:
-        poller = select.poll()
-        poller.register(sock, select.POLLIN | select.POLLPRI)
-        if not poller.poll(0):
-            return None
-        return None if sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) else "the peer closed the connection"
-    except BlockingIOError:
-        return None
-    except (OSError, ValueError) as e:
-        return f"the peer's connection failed ({e})"
 
 
 class Link:

@@ -61,14 +61,14 @@ def test_bad_configuration_is_refused():
         KvExporter(KvPool(LAYOUT, 1), b"k", transport="tcp")
 
 
-def test_hung_up_tells_a_closed_or_reset_peer_from_a_quiet_one_and_leaves_sent_bytes_unread():
+def test_peer_gone_tells_a_closed_or_reset_peer_from_a_quiet_one_and_leaves_sent_bytes_unread():
     import socket
 
-    from trtpd.kv.exporter import hung_up
+    from trtpd.kv.frame import peer_gone
     quiet, peer = socket.socketpair()
     with quiet, peer:
-        assert hung_up(quiet) is None
+        assert peer_gone(quiet) is None
         peer.sendall(b"x")
-        assert hung_up(quiet) is None and quiet.recv(1) == b"x"     # peeked, not consumed
+        assert peer_gone(quiet) is None and quiet.recv(1) == b"x"     # peeked, not consumed
         peer.close()
-        assert hung_up(quiet) == "the decode side closed the connection"
+        assert peer_gone(quiet) == "the peer closed the connection"
