@@ -26,9 +26,11 @@ from dataclasses import dataclass
 
 from trtpd.catalog import KvDtype, ModelSpec
 from trtpd.errors import ConfigError
+from trtpd.perf import step_runs
 from trtpd.perf.hardware import HardwareProfile
 
 ACTIVATION_BYTES = 2  # fp16/bf16 activations on the all-reduce
+STEP_RUNS_KEPT = 4096  # RooflinePerfModel.decode_steps' and .chunk_steps' caches (a few hundred bytes each)
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0}
 
 
@@ -88,6 +90,8 @@ class RooflinePerfModel:
         within_node = tp <= h.max_devices_per_node and h.nvlink_bandwidth_bytes_per_s > 0
         link = h.nvlink_bandwidth_bytes_per_s if within_node else h.network_bandwidth_bytes_per_s
         self.allreduce_bytes_per_s = link * h.link_efficiency
+        self._decode_runs: dict[int, step_runs.DecodeSteps] = {}
+        self._chunk_runs: dict[tuple[int, int], step_runs.ChunkSteps] = {}
         self._init_decode_coeffs()
 
     # -- capacity --------------------------------------------------------------------------------
@@ -180,6 +184,79 @@ class RooflinePerfModel:
             memory += self._mem_expert * self.model.expected_experts_touched(batch_size)
         return (compute if compute > memory else memory) + comm_batch * batch_size + comm_fixed + overhead
 
+    def decode_steps(self, batch_size: int) -> step_runs.DecodeSteps:
+        """trtpd.perf.step_runs.decode_steps at batch_size, with decode_step_s's arithmetic inlined and the terms
+        of the batch alone computed once (the same operations, so the same floats). Kept for the next call
+        with the same batch (STEP_RUNS_KEPT calls)."""
+        run = self._decode_runs.get(batch_size)
+        if run is not None:
+            return run
+        if self._mem_expert:
+            decode_step_s = self.decode_step_s
+            run = step_runs.decode_steps(lambda context: decode_step_s(batch_size, context), batch_size)
+        else:
+            c_batch, c_context, mem_weights, mem_kv, comm_batch, comm_fixed, overhead = self._decode_coeffs
+            compute_batch = c_batch * batch_size
+            comm_batch_s = comm_batch * batch_size
+
+            def run(context: int, end_s: float, busy_s: float, until_s: float,
+                    max_steps: int) -> tuple[int, int, float, float]:
+                n = 0
+                while n < max_steps and end_s < until_s:
+                    context += batch_size
+                    compute = compute_batch + c_context * context
+                    memory = mem_weights + mem_kv * (context + batch_size)
+                    duration_s = (compute if compute > memory else memory) + comm_batch_s + comm_fixed + overhead
+                    busy_s += duration_s
+                    end_s += duration_s
+                    n += 1
+                return n, context, end_s, busy_s
+        return _kept(self._decode_runs, batch_size, run)
+
+    def chunk_steps(self, chunk_tokens: int, batch_size: int) -> step_runs.ChunkSteps:
+        """trtpd.perf.step_runs.chunk_steps at (chunk_tokens, batch_size), with mixed_step_s's arithmetic inlined
+        and the terms that depend on neither the chunk's offset nor the context computed once (the same
+        operations, so the same floats). Kept like decode_steps'."""
+        key = (chunk_tokens, batch_size)
+        run = self._chunk_runs.get(key)
+        if run is not None:
+            return run
+        if self.model.is_moe:
+            mixed_step_s = self.mixed_step_s
+            run = step_runs.chunk_steps(lambda sum_sq, context: mixed_step_s(chunk_tokens, sum_sq, batch_size, context),
+                                        chunk_tokens, batch_size)
+            return _kept(self._chunk_runs, key, run)
+        (c_prefill_linear, c_prefill_attn, c_decode_linear, c_decode_attn, ring, latency_s, two_layers,
+         overhead_s) = self._mixed_coeffs
+        flops_per_s, kv, hbm_bytes_per_s = self.flops_per_s, self.kv_bytes_per_token_per_device, self.hbm_bytes_per_s
+        p_linear_flops = c_prefill_linear * chunk_tokens
+        d_linear_flops = c_decode_linear * batch_size
+        w = self.weight_bytes_per_device
+        p_bytes = w + chunk_tokens * kv
+        comm_s = 0.0 if ring is None else two_layers * (
+            ring * ((chunk_tokens + batch_size) * self.model.hidden_size * ACTIVATION_BYTES)
+            / self.allreduce_bytes_per_s + latency_s)
+        chunk_sq, two_chunk = chunk_tokens * chunk_tokens, 2 * chunk_tokens
+
+        def run(done: int, context: int, now_s: float, busy_s: float, until_s: float,
+                max_steps: int) -> tuple[int, int, int, float, float]:
+            n, end_s = 0, now_s
+            while True:
+                p_flops = p_linear_flops + c_prefill_attn * (chunk_sq + two_chunk * done)
+                d_flops = d_linear_flops + c_decode_attn * context
+                bytes_moved = p_bytes + (w + (context + batch_size) * kv) - w - w + w
+                compute_s = p_flops / flops_per_s + d_flops / flops_per_s
+                memory_s = bytes_moved / hbm_bytes_per_s
+                duration_s = (compute_s if compute_s >= memory_s else memory_s) + comm_s + overhead_s
+                busy_s += duration_s
+                end_s += duration_s
+                if n >= max_steps or not end_s < until_s:
+                    return n, done, context, end_s, busy_s
+                n += 1
+                context += batch_size
+                done += chunk_tokens
+        return _kept(self._chunk_runs, key, run)
+
     def _init_decode_coeffs(self) -> None:
         layers = self.model.num_layers
         h = self.hardware
@@ -202,3 +279,11 @@ class RooflinePerfModel:
                                / self.hbm_bytes_per_s,
                                self.kv_bytes_per_token_per_device / self.hbm_bytes_per_s,
                                *comm, self.hardware.decode_overhead_s)
+
+
+def _kept(cache: dict, key, value):
+    """value, kept in cache under key (cleared when full: STEP_RUNS_KEPT)."""
+    if len(cache) >= STEP_RUNS_KEPT:
+        cache.clear()
+    cache[key] = value
+    return value

@@ -57,7 +57,8 @@ class ContinuousBatchScheduler:
         self.config = config
         self.allocator = allocator
         self.waiting: deque[SchedSequence] = deque()
-        self.running: list[SchedSequence] = []
+        # admitted sequences in admission order (a dict used as an ordered set: finish is O(1))
+        self.running: dict[SchedSequence, None] = {}
         self._num_reserved_blocks = 0   # kept up to date on admit, grow and finish
 
     @property
@@ -114,7 +115,7 @@ class ContinuousBatchScheduler:
             self.waiting.popleft()
             seq.block_table = self.allocator.allocate(self.allocator.blocks_for(seq.num_prompt_tokens))
             seq.num_tokens = seq.num_prompt_tokens
-            self.running.append(seq)
+            self.running[seq] = None
             self._num_reserved_blocks += self._reservation(seq)
             admitted.append(seq)
             if self.config.prefill_in_step:
@@ -132,7 +133,7 @@ class ContinuousBatchScheduler:
     def finish(self, seq: SchedSequence) -> None:
         """Frees a sequence's blocks, whether it finished, was cancelled or failed."""
         if seq in self.running:
-            self.running.remove(seq)
+            del self.running[seq]
             self._num_reserved_blocks -= self._reservation(seq)
             self.allocator.free(seq.block_table)
             seq.block_table = []

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import functools
 import heapq
+import math
 from collections import deque
 from dataclasses import replace
 from typing import Callable, Literal
 
+from trtpd.perf import step_runs
 from trtpd.perf.model import PerfModel
+from trtpd.perf.step_runs import ChunkSteps
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
 from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
-from trtpd.sim.stepping import SteppingInstance
+from trtpd.sim.stepping import SteppingInstance, decode_steps_fn
 
 ColocatedPolicy = Literal["inflight", "chunked", "prefill_first"]
 COLOCATED_POLICIES: tuple[str, ...] = ("inflight", "chunked", "prefill_first")
@@ -62,6 +65,11 @@ class ColocatedInstance(SteppingInstance):
         mixed = getattr(perf, "mixed_step_s", None)   # what mixed_step_s(perf, ...) calls, looked up once
         self._step_s: Callable[[int, int, int, int], float] = (
             mixed if mixed is not None else functools.partial(mixed_step_s, perf))
+        # a step with no prompt tokens costs perf.decode_step_s, through either of the above
+        self._decode_only_step_s: Callable[[int, int], float] = perf.decode_step_s
+        self._decode_steps = decode_steps_fn(perf)
+        # chunked steps that give one prompt the whole budget beside the same batch (trtpd.perf.step_runs)
+        self._chunk_steps: Callable[[int, int], ChunkSteps] = getattr(perf, "chunk_steps", None) or self._generic_chunk_steps
         self.policy = policy
         self.token_budget = config.max_num_tokens
         allocator = (BlockAllocator if exact_steps else BlockCounter)(num_blocks, tokens_per_block)
@@ -71,6 +79,12 @@ class ColocatedInstance(SteppingInstance):
         self.exact_steps = exact_steps
         self.inline_steps = inline_steps and not exact_steps   # decode-only steps (trtpd.sim.stepping)
         self.horizon_s: Callable[[], float] = loop.next_event_s  # the next event that could reach it
+        # chunked, inline chunk steps: True where only arrivals reach the instance (horizon_s = the next
+        # arrival; see _run_chunk_steps)
+        self.late_admission = False
+        # what the last inline run did that may pass horizon_s, for rewind_to: (0, step end, num_steps, busy_s,
+        # sum_batch_steps before it) or (1, the chunk-step run and its arguments and counters, its step ends)
+        self.steps_ahead: list[tuple] = []
         self.records = records
         self.on_prefilled = on_prefilled   # (request index): its prompt left the queue (the router is told)
         self.on_finished = on_finished     # (request index): the router releases the request
@@ -113,9 +127,6 @@ class ColocatedInstance(SteppingInstance):
         else:
             self._start_mixed_step(now_s, after_step)
 
-    def _decode_only_step_s(self, batch_size: int, total_context_tokens: int) -> float:
-        return self._step_s(0, 0, batch_size, total_context_tokens)
-
     def _admit(self, num_decode_rows: int) -> tuple[SimSequence, ...]:
         if self.exact_steps:
             plan = self.scheduler.schedule()
@@ -142,7 +153,7 @@ class ColocatedInstance(SteppingInstance):
             self.is_stepping = False
             return
         duration_s = self._step_s(prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
-        self._begin_step(now_s, duration_s, self._decode_only_step_s if after_step and not admitted else None)
+        self._begin_step(now_s, duration_s, self._decode_steps if after_step and not admitted else None)
 
     def _decode_only_plan(self) -> tuple[SimSequence, ...]:
         if self.exact_steps and self.num_ready:
@@ -173,13 +184,17 @@ class ColocatedInstance(SteppingInstance):
         if duration_s is None:
             self.is_stepping = False
             return
-        if self.step_chunks and self.inline_steps:
+        chunks = self.step_chunks
+        if chunks and self.inline_steps:
             self.busy_s += duration_s          # as _begin_step
             self.sum_batch_steps += self.num_ready
             self.is_stepping = True
-            self.loop.push(self._run_chunk_steps(now_s + duration_s), self._step_done)
+            end_s = now_s + duration_s
+            if len(chunks) == 1:               # else this step completes a prompt (_run_chunk_steps's first test)
+                end_s = self._run_chunk_steps(end_s)
+            self.loop.push(end_s, self._step_done)
             return
-        self._begin_step(now_s, duration_s, self._decode_only_step_s if after_step and not self.step_chunks else None)
+        self._begin_step(now_s, duration_s, self._decode_steps if after_step and not self.step_chunks else None)
 
     def _run_chunk_steps(self, end_s: float) -> float:
         """Chunked: ends the step that ends at end_s and starts the next, inline, while that step end is before
@@ -187,11 +202,22 @@ class ColocatedInstance(SteppingInstance):
         sequence: the step computes one chunk that leaves the head prompt unfinished. Such a step end changes
         this instance's counters only (what _step_done then does: _end_step with no one finishing, the chunk
         counted, no prompt done); the next step starts as _start_chunked_step starts it (admission included,
-        at the same state and time). Returns the end of the step the heap gets."""
+        at the same state and time). Returns the end of the step the heap gets.
+
+        With late_admission (only arrivals reach the instance), a step end at or after the next arrival is run
+        inline too when the step it starts gives the head prompt the whole token budget: such a step is the
+        same whatever arrived, since a prompt admitted at its start would get no chunk, and admission (FIFO,
+        bounded by batch slots and by free blocks less reserved ones, which decode growth does not change)
+        admits the same prompts at the step end the heap gets. The router reads nothing these steps change.
+        steps_ahead keeps what rewind_to needs if the run ends early (overloaded)."""
         next_s = self.horizon_s()              # nothing is pushed while these steps run
         num_computed, finishing = self.num_computed, self.finishing
+        late_admission = self.late_admission
+        ahead = self.steps_ahead
+        ahead.clear()
+        waiting = self.scheduler.waiting
         n = 0
-        while end_s < next_s:
+        while True:
             chunks = self.step_chunks
             if len(chunks) != 1:
                 break
@@ -199,27 +225,91 @@ class ColocatedInstance(SteppingInstance):
             done = num_computed[seq.request_id] + c
             if done == seq.num_prompt_tokens or (finishing and finishing[0][0] == self.num_steps + 1):
                 break
+            if not end_s < next_s:             # a request may reach this instance before end_s
+                budget = self.token_budget - self.num_ready
+                if not (late_admission and 0 < budget <= seq.num_prompt_tokens - done):
+                    break
+                ahead.append((0, end_s, self.num_steps, self.busy_s, self.sum_batch_steps))
             self.num_steps += 1                # the step ending at end_s (as _step_done)
             self.total_context_tokens += self.num_ready
             num_computed[seq.request_id] = done
             n += 1
             now_s = end_s
+            budget = self.token_budget - self.num_ready
+            if not waiting and 0 < budget <= seq.num_prompt_tokens - done:
+                end_s, k = self._run_head_chunks(seq, done, budget, now_s, next_s)
+                n += k
+                continue
             duration_s = self._plan_chunked_step(now_s)   # the next step (as _start_chunked_step)
             assert duration_s is not None      # the head prompt is still chunking
             self.busy_s += duration_s
             self.sum_batch_steps += self.num_ready
             end_s = now_s + duration_s
             if not self.step_chunks:           # decode-only (no budget left): as _begin_step after a step
-                end_s = self._run_decode_only_steps(end_s, self._decode_only_step_s)
+                end_s = self._run_decode_only_steps(end_s, self._decode_steps)
                 break
         self.loop.num_inline_events += n
         return end_s
 
+    def _run_head_chunks(self, seq: SimSequence, done: int, budget: int, now_s: float,
+                         next_s: float) -> tuple[float, int]:
+        """_run_chunk_steps's common case, on local variables: nothing waits to be admitted and the step
+        starting at now_s gives the head prompt (done tokens computed) the whole budget, as _plan_chunked_step
+        would plan it. Plans that step and the ones after it while each step end leaves the next one the
+        same kind: it completes no prompt, finishes no sequence, and the head still has a budget's worth
+        left; before next_s, or past it with late_admission. Returns the end of the last step planned
+        (its end not run) and how many step ends were run."""
+        num_ready = self.num_ready
+        # step ends to run: none that finishes a sequence (the first sequence's last step), and after each the
+        # head keeps at least a budget's worth (so the next step gives it the whole budget)
+        limit = (seq.num_prompt_tokens - done) // budget - 1
+        if self.finishing:
+            limit = min(limit, self.finishing[0][0] - self.num_steps - 1)
+        run = self._chunk_steps(budget, num_ready)
+        context, busy_s = self.total_context_tokens, self.busy_s
+        k, done_after, context, end_s, busy_s = run(done, context, now_s, busy_s,
+                                                   math.inf if self.late_admission else next_s, limit)
+        if self.late_admission and k:          # its step ends may pass next_s: rewind_to runs it again
+            self.steps_ahead.append((1, run, done, self.total_context_tokens, now_s, self.busy_s,
+                                     self.sum_batch_steps, self.num_steps, num_ready, k))
+        self.num_steps += k
+        self.total_context_tokens, self.busy_s = context, busy_s
+        self.sum_batch_steps += (k + 1) * num_ready
+        self.num_computed[seq.request_id] = done_after
+        self.step_chunks = [(seq, budget)]
+        return end_s, k
+
+    def _generic_chunk_steps(self, budget: int, batch_size: int) -> ChunkSteps:
+        step_s = self._step_s
+        return step_runs.chunk_steps(lambda sum_sq, context: step_s(budget, sum_sq, batch_size, context), budget,
+                                     batch_size)
+
+    def rewind_to(self, now_s: float) -> None:
+        """A run that ends at now_s before its last events (overloaded): forgets the inline steps begun at or
+        after now_s, so that the counters say what had happened by then, as with no step run ahead."""
+        for entry in self.steps_ahead:         # in the order they ran
+            if entry[0] == 0:                  # a step end: the counters before it
+                _, boundary_s, num_steps, busy_s, sum_batch_steps = entry
+                if boundary_s < now_s:
+                    continue
+            else:                              # a run of chunk steps (_run_head_chunks), run again to now_s
+                _, run, done, context, start_s, busy_s, sum_batch_steps, num_steps, num_ready, k = entry
+                k_before, _, _, _, busy_s = run(done, context, start_s, busy_s, now_s, k)
+                if k_before == k:              # every step end it ran is before now_s
+                    continue
+                num_steps += k_before
+                sum_batch_steps += (k_before + 1) * num_ready
+            self.loop.num_inline_events -= self.num_steps - num_steps
+            self.num_steps, self.busy_s, self.sum_batch_steps = num_steps, busy_s, sum_batch_steps
+            break
+        self.steps_ahead.clear()
+
     def _plan_chunked_step(self, now_s: float) -> float | None:
         """Admits, picks the step's chunks (step_chunks) and returns its duration; None: nothing to step."""
-        for seq in self._admit(self.num_ready):
-            self.chunking.append(seq)
-            self.num_computed[seq.request_id] = 0
+        if self.scheduler.waiting or self.exact_steps:
+            for seq in self._admit(self.num_ready):
+                self.chunking.append(seq)
+                self.num_computed[seq.request_id] = 0
         budget = self.token_budget - self.num_ready
         chunks: list[tuple[SimSequence, int]] = []
         prefill_tokens = sum_sq = 0
@@ -242,6 +332,16 @@ class ColocatedInstance(SteppingInstance):
 
     # -- step ends ---------------------------------------------------------------------------------
     def _step_done(self, now_s: float, _: object = None) -> None:
+        finishing = self.finishing
+        if not (self.step_chunks or self.prefilling or self.chunking or self.scheduler.waiting or self.is_prefill_only
+                or finishing[0][0] == self.num_steps + 1):
+            # a decode-only step that finishes no one, nothing to admit (an arrival went elsewhere): what the
+            # rest does then (_end_step, no prompt done, a decode-only step planned by any policy), shortly
+            self.num_steps += 1
+            self.total_context_tokens += self.num_ready
+            self._begin_step(now_s, self._decode_only_step_s(self.num_ready, self.total_context_tokens),
+                             self._decode_steps)
+            return
         if not self.is_prefill_only:
             self._end_step(now_s)
         if self.policy == "chunked":
@@ -256,8 +356,12 @@ class ColocatedInstance(SteppingInstance):
                 self.chunking.popleft()     # chunks go oldest first: the finished ones lead the queue
             self.step_chunks = []
             self.prefilling = tuple(finished)
-        self._prompts_done(now_s)
-        self._start_step(now_s, after_step=True)
+        if self.prefilling:
+            self._prompts_done(now_s)
+        if self.policy == "chunked":
+            self._start_chunked_step(now_s, True)
+        else:
+            self._start_step(now_s, after_step=True)
 
     def _prompts_done(self, now_s: float) -> None:
         records = self.records

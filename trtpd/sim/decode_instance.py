@@ -18,15 +18,17 @@ from __future__ import annotations
 import heapq
 from typing import Callable
 
+from trtpd.perf import step_runs
 from trtpd.perf.kv_link import kv_transfer_s
 from trtpd.perf.model import PerfModel
+from trtpd.perf.step_runs import DecodeSteps
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
 from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
-from trtpd.sim.stepping import SteppingInstance
+from trtpd.sim.stepping import SteppingInstance, decode_steps_fn
 
 
 class KvLink:
@@ -68,7 +70,8 @@ class DecodeInstance(SteppingInstance):
         self.on_kv_pulled = on_kv_pulled   # (now_s, request index): lets prefill free its copy
         self.contention = contention       # () -> step slowdown factor from other work on shared cores
         self.on_finished = on_finished     # (request index): the router releases the request
-        self._step_s = perf.decode_step_s if contention is None else self._contended_step_s
+        # batch -> (context -> step time) for the inline decode-only steps
+        self._steps_fn = decode_steps_fn(perf) if contention is None else self._contended_steps
         self.is_stepping = False
         self.num_steps = 0                 # completed steps
         self.num_ready = 0                 # sequences in the current/next step
@@ -139,10 +142,13 @@ class DecodeInstance(SteppingInstance):
         duration_s = self.perf.decode_step_s(self.num_ready, self.total_context_tokens)
         if self.contention is not None:
             duration_s *= self.contention()
-        self._begin_step(now_s, duration_s, self._step_s if after_step else None)
+        self._begin_step(now_s, duration_s, self._steps_fn if after_step else None)
 
-    def _contended_step_s(self, batch_size: int, total_context_tokens: int) -> float:
-        return self.perf.decode_step_s(batch_size, total_context_tokens) * self.contention()  # type: ignore[misc]
+    def _contended_steps(self, batch_size: int) -> DecodeSteps:
+        step_s, contention = self.perf.decode_step_s, self.contention
+        assert contention is not None
+        return step_runs.decode_steps(lambda total_context_tokens: step_s(batch_size, total_context_tokens)
+                                      * contention(), batch_size)
 
     def _step_done(self, now_s: float, _: object = None) -> None:
         self._end_step(now_s)

@@ -127,6 +127,7 @@ class Simulator:
                                      self.inline_steps)
         if self.scaler is None:   # only an arrival reaches a colocated instance (its peers' steps do not)
             instance.horizon_s = self.loop.next_arrival_s
+            instance.late_admission = True
         return instance
 
     # -- routing -----------------------------------------------------------------------------------
@@ -260,6 +261,8 @@ class Simulator:
         try:
             self._has_ended = self.loop.run(*arrivals)
         except _Overloaded:
+            for instance in self.colocated:
+                instance.rewind_to(self.loop.now_s)
             self._has_ended = self.overloaded = True
 
     def run(self) -> SimRun:

@@ -15,8 +15,22 @@ read nothing of this instance, so the run is the same.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from typing import Callable
+
+from trtpd.perf import step_runs
+from trtpd.perf.step_runs import DecodeSteps
+
+
+def decode_steps_fn(perf) -> Callable[[int], DecodeSteps]:
+    """batch -> the run of decode steps at that batch (trtpd.perf.step_runs) for perf: its own
+    (RooflinePerfModel.decode_steps, the arithmetic inlined) where it has one."""
+    fn = getattr(perf, "decode_steps", None)
+    if fn is not None:
+        return fn
+    step_s = perf.decode_step_s
+    return lambda batch_size: step_runs.decode_steps(functools.partial(step_s, batch_size), batch_size)
 
 
 class SteppingInstance:
@@ -24,40 +38,35 @@ class SteppingInstance:
     busy_s, sum_batch_steps, is_stepping, inline_steps, horizon_s, _step_done and _finish."""
 
     def _begin_step(self, now_s: float, duration_s: float,
-                    decode_step_s: Callable[[int, int], float] | None = None) -> None:
-        """decode_step_s: given for a decode-only step begun at the end of the previous one (so that
-        admission was tried at its start): the duration of a step at (batch, context), to run the
-        following decode-only steps inline."""
+                    decode_steps: Callable[[int], DecodeSteps] | None = None) -> None:
+        """decode_steps: given for a decode-only step begun at the end of the previous one (so that
+        admission was tried at its start): batch -> the run of decode steps at that batch
+        (trtpd.perf.step_runs), to run the following decode-only steps inline."""
         self.busy_s += duration_s
         self.sum_batch_steps += self.num_ready
         self.is_stepping = True
         end_s = now_s + duration_s
-        if decode_step_s is not None and self.inline_steps:
-            end_s = self._run_decode_only_steps(end_s, decode_step_s)
+        if decode_steps is not None and self.inline_steps:
+            end_s = self._run_decode_only_steps(end_s, decode_steps)
         self.loop.push(end_s, self._step_done)
 
-    def _run_decode_only_steps(self, end_s: float, decode_step_s: Callable[[int, int], float]) -> float:
+    def _run_decode_only_steps(self, end_s: float, decode_steps: Callable[[int], DecodeSteps]) -> float:
         """Ends the decode-only step that ends at end_s and starts the next, while that step end is
         before every other event and finishes no sequence; returns the end of the step the heap gets."""
         next_s = self.horizon_s()              # nothing is pushed while these steps run
         if not end_s < next_s:
             return end_s
-        num_ready, num_steps = self.num_ready, self.num_steps
-        first_last_step = self.finishing[0][0]  # num_ready > 0: someone is in the heap
-        context, busy_s, sum_batch = self.total_context_tokens, self.busy_s, self.sum_batch_steps
-        n = 0
-        while end_s < next_s and num_steps + 1 < first_last_step:
-            num_steps += 1                     # the step ending at end_s (as _end_step, no one finishes)
-            context += num_ready
-            now_s = end_s
-            duration_s = decode_step_s(num_ready, context)
-            busy_s += duration_s               # the next one begins (as _begin_step)
-            sum_batch += num_ready
-            end_s = now_s + duration_s
-            n += 1
+        num_ready = self.num_ready
+        # step ends that finish no sequence: up to the one before the first sequence's last step
+        limit = self.finishing[0][0] - self.num_steps - 1   # num_ready > 0: someone is in the heap
+        if limit <= 0:
+            return end_s
+        n, context, end_s, busy_s = decode_steps(num_ready)(self.total_context_tokens, end_s, self.busy_s, next_s,
+                                                            limit)
         if n:
-            self.num_steps, self.total_context_tokens = num_steps, context
-            self.busy_s, self.sum_batch_steps = busy_s, sum_batch
+            self.num_steps += n
+            self.total_context_tokens, self.busy_s = context, busy_s
+            self.sum_batch_steps += n * num_ready
             self.loop.num_inline_events += n
         return end_s
 

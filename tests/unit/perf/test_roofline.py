@@ -8,6 +8,8 @@ H100 SXM profile: BF16/FP16 989.4 TFLOPs, FP8 1978.9 TFLOPs (dense), HBM 3.35 TB
 efficiencies: compute 0.6, HBM 0.8, link 0.8; all-reduce latency 10 us; overheads prefill 2 ms, decode 1 ms.
 """
 
+import math
+
 import pytest
 
 from trtpd.catalog import get_model
@@ -137,3 +139,69 @@ def test_mixed_step_s_is_the_mixed_breakdown_total_bit_for_bit(name, hw, tp, wei
         sq = p * p + 2 * p * rng.choice([0, 0, 1, 2048, rng.randint(0, 20000)])
         ctx = b * rng.choice([1, 100, 700, rng.randint(1, 8000)])
         assert r.mixed_step_s(p, sq, b, ctx) == r.mixed_breakdown(p, sq, b, ctx).total_s, (p, sq, b, ctx)
+
+
+def _decode_run_one_by_one(perf, batch, context, end_s, busy_s, until_s, max_steps):
+    """What a run of decode steps means, a step at a time through decode_step_s."""
+    n = 0
+    while n < max_steps and end_s < until_s:
+        context += batch
+        duration_s = perf.decode_step_s(batch, context)
+        busy_s += duration_s
+        end_s += duration_s
+        n += 1
+    return n, context, end_s, busy_s
+
+
+def _chunk_run_one_by_one(perf, chunk, batch, done, context, now_s, busy_s, until_s, max_steps):
+    """What a run of chunk steps means, a step at a time through mixed_step_s."""
+    n, end_s = 0, now_s
+    while True:
+        duration_s = perf.mixed_step_s(chunk, chunk * chunk + 2 * chunk * done, batch, context)
+        busy_s += duration_s
+        end_s += duration_s
+        if n >= max_steps or not end_s < until_s:
+            return n, done, context, end_s, busy_s
+        n += 1
+        context += batch
+        done += chunk
+
+
+@pytest.mark.parametrize("name,hw,tp,weights,kv", [
+    ("llama-2-70b", "h100-sxm", 4, "fp16", "fp16"), ("llama-2-70b", "h200", 8, "fp8", "fp8"),
+    ("llama-2-7b", "a100-80g", 1, "fp16", "fp16"), ("deepseek-v3.1", "h200", 8, "fp8", "fp16")])
+def test_step_runs_give_the_step_times_one_by_one_bit_for_bit(name, hw, tp, weights, kv):
+    """decode_steps and chunk_steps inline decode_step_s's and mixed_step_s's arithmetic for the simulator's
+    runs of steps (trtpd.perf.step_runs): the very floats and counts of the steps taken one by one, and of
+    the generic runs, whether the run stops at max_steps or at until_s."""
+    import random
+
+    from trtpd.perf import step_runs
+    r = RooflinePerfModel(get_model(name), load_hardware(hw), tp=tp, weight_dtype=weights, kv_dtype=kv)
+    rng = random.Random(1)
+    stops = {"max_steps": 0, "until_s": 0}
+    for _ in range(400):
+        batch, chunk = rng.choice([1, 3, 64, rng.randint(1, 512)]), rng.choice([1, 40, 512, rng.randint(1, 4096)])
+        context, done = batch * rng.randint(1, 8000), rng.choice([0, chunk, rng.randint(0, 20000)])
+        end_s, busy_s = rng.uniform(0, 100), rng.uniform(0, 50)
+        until_s, max_steps = end_s + rng.choice([0.0, rng.uniform(0, 0.5), math.inf]), rng.choice([0, 1, 5, 40])
+        expected = _decode_run_one_by_one(r, batch, context, end_s, busy_s, until_s, max_steps)
+        assert r.decode_steps(batch)(context, end_s, busy_s, until_s, max_steps) == expected
+        generic = step_runs.decode_steps(lambda c, b=batch: r.decode_step_s(b, c), batch)
+        assert generic(context, end_s, busy_s, until_s, max_steps) == expected
+        expected = _chunk_run_one_by_one(r, chunk, batch, done, context, end_s, busy_s, until_s, max_steps)
+        assert r.chunk_steps(chunk, batch)(done, context, end_s, busy_s, until_s, max_steps) == expected
+        generic = step_runs.chunk_steps(lambda sq, c, k=chunk, b=batch: r.mixed_step_s(k, sq, b, c), chunk, batch)
+        assert generic(done, context, end_s, busy_s, until_s, max_steps) == expected
+        stops["max_steps" if expected[0] == max_steps else "until_s"] += 1
+    assert min(stops.values()) > 20          # both ways a run ends were seen
+
+
+def test_step_runs_are_kept_per_batch_and_forgotten_when_too_many():
+    from trtpd.perf import roofline
+    r = RooflinePerfModel(get_model("llama-2-7b"), load_hardware("a100-80g"), tp=1)
+    assert r.decode_steps(8) is r.decode_steps(8) and r.chunk_steps(512, 8) is r.chunk_steps(512, 8)
+    assert r.chunk_steps(512, 8) is not r.chunk_steps(512, 9)
+    for batch in range(roofline.STEP_RUNS_KEPT + 1):
+        r.decode_steps(batch + 1)
+    assert len(r._decode_runs) <= roofline.STEP_RUNS_KEPT

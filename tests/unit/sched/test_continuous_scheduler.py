@@ -65,4 +65,4 @@ def test_finish_of_a_waiting_sequence_removes_it():
     s.add(b)
     s.schedule()
     s.finish(b)
-    assert not s.waiting and s.running == [a]
+    assert not s.waiting and list(s.running) == [a]

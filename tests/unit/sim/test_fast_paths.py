@@ -185,3 +185,25 @@ def test_inline_chunk_steps_give_the_same_run(name, load, heap_pushes, monkeypat
     assert _everything(fast) == _everything(slow) == _everything(no_chunk_inline)
     assert pushes_fast < heap_pushes[0]                  # the inline chunk steps were taken
     assert fast.records.num_done > 0 or fast.stopped_overloaded
+
+
+@pytest.mark.parametrize("max_in_system", [20, 45, 50])
+def test_a_run_stopped_overloaded_counts_no_chunk_step_run_ahead(max_in_system, monkeypatch):
+    """Chunk steps run past the next arrival (late admission) are taken back when that arrival stops the run
+    as overloaded: the busy time, batch sums and step counts are those of the same run through the heap."""
+    from trtpd.sim.colocated_instance import ColocatedInstance
+    cluster = _roofline_chunked(512, 16, num=3)
+    requests = generate_requests(load_workload("seed004"), 8.0, 400, seed=3)
+    replayed = []
+    rewind_to = ColocatedInstance.rewind_to
+
+    def counted(self, now_s):
+        before = self.num_steps
+        rewind_to(self, now_s)
+        replayed.append(before - self.num_steps)
+    monkeypatch.setattr(ColocatedInstance, "rewind_to", counted)
+    fast = simulate(cluster, requests, max_in_system=max_in_system)
+    slow = simulate(cluster, requests, inline_steps=False, max_in_system=max_in_system)
+    assert fast.stopped_overloaded and slow.stopped_overloaded
+    assert _everything(fast) == _everything(slow)
+    assert sum(replayed) > 0                  # some steps run ahead were taken back
