@@ -372,13 +372,21 @@ class Router:
 
     def _choose_prefill(self, group: list[_Slot], role: str, num_tokens: int,
                         exclude: frozenset[str]) -> _Slot | None:
-        """Least queued prompt tokens; tie: name (the group is in name order and min keeps the first)."""
+        """Least queued prompt tokens; tie: name (the group is in name order and min keeps the first).
+        Colocated instances also decode what they admit: among equal queues, most free KV blocks after
+        reservations, then fewer active sequences (_decode_rank). Without that, an in-flight batching
+        instance, whose prompts leave the queue within a step, would win every tie by its name and take the
+        whole load while its peers idle."""
         if self.policy.balance == "round_robin":
             return self._next_round_robin(group, num_tokens, exclude)
         if exclude or num_tokens > self._capacity_floor[role]:
             group = _fitting(group, num_tokens, exclude)
         if not group:
             return None
+        if role == "colocated":
+            if self.policy.tie_break == "least_recent":
+                return min(group, key=lambda s: (s.queued_tokens, _decode_rank(s), s.last_pick))
+            return min(group, key=_colocated_rank)
         if self.policy.tie_break == "least_recent":
             return min(group, key=lambda s: (s.queued_tokens, s.last_pick))
         return min(group, key=_QUEUED_TOKENS)
@@ -484,6 +492,10 @@ def _fitting(group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> li
 
 _QUEUED_TOKENS = attrgetter("queued_tokens")
 _SEQUENCES = attrgetter("sequences")
+
+
+def _colocated_rank(slot: _Slot) -> tuple[int, tuple[int, int]]:
+    return slot.queued_tokens, _decode_rank(slot)
 
 
 def _decode_rank(slot: _Slot) -> tuple[int, int]:

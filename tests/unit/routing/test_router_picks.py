@@ -196,6 +196,24 @@ def test_colocated_goes_to_the_least_queued_prompt_tokens_and_holds_kv_until_rel
     assert r.pick_colocated("d", 4000, 1, 0.0) is None                     # 126 blocks > 100
 
 
+def test_colocated_ties_go_to_the_instance_decoding_least_not_the_first_name():
+    """In-flight batching computes a prompt within a step, so the queues are empty at most arrivals: the tie
+    must spread the decode load (most free KV after reservations, then fewer sequences), or colocated-0
+    takes every request while its peers idle."""
+    views = [InstanceView(f"colocated-{i}", "colocated", free_kv_blocks=100, max_kv_blocks=100) for i in range(3)]
+    r = router(views)
+    picks = []
+    for k in range(6):
+        picks.append(r.pick_colocated(f"r{k}", 64, 64, 0.0).instance)
+        r.prefill_done(f"r{k}")                # prompt computed: its queue is empty again, its KV held
+    assert picks == ["colocated-0", "colocated-1", "colocated-2"] * 2
+    r.release("r4")                            # colocated-1 now holds the least
+    assert r.pick_colocated("s", 64, 64, 0.0).instance == "colocated-1"
+    r = router([InstanceView("colocated-0", "colocated", queued_prompt_tokens=10, free_kv_blocks=100, max_kv_blocks=100),
+                InstanceView("colocated-1", "colocated", free_kv_blocks=5, max_kv_blocks=100)])
+    assert r.pick_colocated("t", 64, 64, 0.0).instance == "colocated-1"   # the queue still comes first
+
+
 # -- round robin -------------------------------------------------------------------------------------
 def test_round_robin_cycles_in_name_order_over_instances_that_can_take_the_request():
     r = router([prefill("prefill-1", queued_prompt_tokens=10**6), prefill("prefill-0"), prefill("prefill-2")],

@@ -88,13 +88,27 @@ def test_fast_path_matches_the_scheduler_called_every_step(policy, busy_requests
         assert not c.scheduler.running and c.num_ready == 0 and c.total_context_tokens == 0
 
 
-def test_chunked_keeps_tpot_flatter_than_inflight(busy_requests):
-    """Long prompts inflate inflight steps; chunking bounds every step by the budget."""
-    perf = LinearPerf(prefill_fixed_s=0.002, prefill_per_token_s=2e-5, decode_fixed_s=0.004, decode_per_seq_s=1e-4)
-    def tpot_p99(policy, budget):
-        c = replace(colocated(perf, num=3, batch=64, max_num_tokens=budget), colocated_policy=policy)
-        r = simulate(c, busy_requests).records
-        out = np.asarray(r.output_tokens)
-        tpot = (np.asarray(r.done_s) - np.asarray(r.first_token_s))[out > 1] / (out[out > 1] - 1)
-        return float(np.quantile(tpot, 0.99))
-    assert tpot_p99("chunked", 512) < tpot_p99("inflight", 8192)
+def test_chunked_bounds_every_step_where_inflight_takes_long_prompts_whole(busy_requests):
+    """Long prompts inflate inflight steps; chunking bounds every step by the budget (the prompt tokens a step
+    computes, read from the step times the instance asks for)."""
+    class Recording(LinearPerf):
+        def __init__(self):
+            super().__init__(prefill_fixed_s=0.002, prefill_per_token_s=2e-5, decode_fixed_s=0.004,
+                             decode_per_seq_s=1e-4)
+            self.most_prompt_tokens = 0
+
+        def prefill_s(self, num_tokens, sum_sq_tokens=None):
+            self.most_prompt_tokens = max(self.most_prompt_tokens, num_tokens)
+            return super().prefill_s(num_tokens, sum_sq_tokens)
+
+    def most_prompt_tokens(policy, budget):
+        perf = Recording()
+        run = simulate(replace(colocated(perf, num=3, batch=64, max_num_tokens=budget), colocated_policy=policy),
+                       busy_requests)
+        assert run.records.num_done == len(busy_requests)
+        return perf.most_prompt_tokens
+    longest = max(busy_requests.input_tokens)
+    assert 512 < longest <= 8192
+    assert 0 < most_prompt_tokens("chunked", 512) <= 512 < longest <= most_prompt_tokens("inflight", 8192)
+
+
