@@ -6,7 +6,10 @@ A colocated candidate is a TP degree (its decode candidate's KV pool and batch c
 
 Static estimate (no queueing): at rate lambda per instance a mean step of s seconds carries
 b = lambda x (L_out - 1) x s decode rows and c = lambda x L_in x s prompt tokens; s solves
-s = mixed_step(c, b) (prefill_first: decode steps stretched by the prefill share of time). TPOT = s;
+s = mixed_step(c, b) for chunked context (prompt tokens spread over the steps, within the budget);
+in-flight batching without chunking takes prompts whole, so with lambda x s < 1 only that share of the
+steps carries one (s = lambda s mixed_step(L_in, b) + (1 - lambda s) decode_step(b)); prefill_first:
+decode steps stretched by the prefill share of time. TPOT = s;
 TTFT = the p-quantile prompt's own steps (chunked: ceil(L_p / (budget - b)) steps). The highest lambda
 meeting both SLOs, with b under the batch cap and b + c under the budget, is the static rate.
 """
@@ -106,13 +109,26 @@ def static_point(c: ColocatedCandidate, stats: WorkloadStats, rate_per_s: float,
         tokens = rate_per_s * l_in * s
         if b > c.max_batch_size or (c.policy != "prefill_first" and b + tokens > budget):
             return None
+        batch, context = max(1, round(b)), int(max(b, 1) * ctx)
         if c.policy == "prefill_first":
             share = rate_per_s * l_in * prefill_per_token_s
             if share >= 1:
                 return None
-            nxt = perf.decode_step_s(max(1, round(b)), int(max(b, 1) * ctx)) / (1 - share)
+            nxt = perf.decode_step_s(batch, context) / (1 - share)
+        elif c.policy == "inflight":
+            # whole prompts: a share f = min(1, lambda s) of the steps carries them (max(1, lambda s) each), the
+            # rest only decode
+            per_step = rate_per_s * s
+            if per_step < 1:
+                prompt_tokens = l_in
+                if b + prompt_tokens > budget:
+                    return None
+                nxt = per_step * mixed(int(prompt_tokens), int(prompt_tokens * sq_per_token), batch, context) \
+                    + (1 - per_step) * perf.decode_step_s(batch, context)
+            else:
+                nxt = mixed(int(tokens), int(tokens * sq_per_token), batch, context)
         else:
-            nxt = mixed(int(tokens), int(tokens * sq_per_token), max(1, round(b)), int(max(b, 1) * ctx))
+            nxt = mixed(int(tokens), int(tokens * sq_per_token), batch, context)
         if abs(nxt - s) < 1e-6 * s:
             s = nxt
             break
