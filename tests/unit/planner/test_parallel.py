@@ -54,3 +54,35 @@ def test_the_plan_quotes_the_unpruned_colocated_search(name):
          full.measured.summary.slo_attainment, full.measured.summary.ttft_s.as_dict(),
          full.measured.summary.tpot_s.as_dict(), full.meets_target)
     assert plan.colocated.num_instances == full.num_instances["colocated"]
+
+
+def test_a_child_that_does_not_answer_in_time_is_killed_and_its_part_computed_here(monkeypatch):
+    import time
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: 2)
+    here = os.getpid()
+    children = []
+
+    def slow_in_the_child():
+        if os.getpid() != here:
+            time.sleep(30)                       # stuck, as far as the parent can tell
+        return "here"
+    real_kill = parallel.os.kill
+
+    def kill(pid, sig):
+        children.append(pid)
+        real_kill(pid, sig)
+    monkeypatch.setattr(parallel.os, "kill", kill)
+    t0 = time.monotonic()
+    assert parallel.both(slow_in_the_child, lambda: 2, min_wait_s=0.5) == ("here", 2)
+    assert time.monotonic() - t0 < 10 and len(children) == 1
+    with pytest.raises(ProcessLookupError):      # killed and reaped: no such process any more
+        real_kill(children[0], 0)
+
+
+def test_a_failing_second_part_stops_the_child_at_once(monkeypatch):
+    import time
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: 2)
+    t0 = time.monotonic()
+    with pytest.raises(ZeroDivisionError):
+        parallel.both(lambda: time.sleep(30), lambda: 1 / 0)
+    assert time.monotonic() - t0 < 10
