@@ -384,9 +384,11 @@ class Router:
         if not group:
             return None
         if role == "colocated":
+            least = min(group, key=_QUEUED_TOKENS)
+            tied = [s for s in group if s.queued_tokens == least.queued_tokens]
             if self.policy.tie_break == "least_recent":
-                return min(group, key=lambda s: (s.queued_tokens, _decode_rank(s), s.last_pick))
-            return min(group, key=_colocated_rank)
+                return min(tied, key=lambda s: (_decode_rank(s), s.last_pick))
+            return least if len(tied) == 1 else min(tied, key=_decode_rank)
         if self.policy.tie_break == "least_recent":
             return min(group, key=lambda s: (s.queued_tokens, s.last_pick))
         return min(group, key=_QUEUED_TOKENS)
@@ -492,10 +494,6 @@ def _fitting(group: list[_Slot], num_tokens: int, exclude: frozenset[str]) -> li
 
 _QUEUED_TOKENS = attrgetter("queued_tokens")
 _SEQUENCES = attrgetter("sequences")
-
-
-def _colocated_rank(slot: _Slot) -> tuple[int, tuple[int, int]]:
-    return slot.queued_tokens, _decode_rank(slot)
 
 
 def _decode_rank(slot: _Slot) -> tuple[int, int]:
