@@ -19,6 +19,12 @@ from trtpd.sim.metrics import SimSummary, latencies, summarize
 from trtpd.sim.simulator import SimRun, Simulator, default_max_in_system
 from trtpd.sim.workload import generate_requests
 
+# a goodput search starts just below the static estimate (simulated goodput is mostly 0.9-1.05x of it), steps
+# by GROWTH, and bisects until the bracket is within RESOLUTION of its low end (what a bracket of 2x bisected 5
+# times gives), at most NUM_BISECTIONS times
+START_SHARE = 0.9
+GROWTH = 1.25
+RESOLUTION = 1 / 32
 NUM_BISECTIONS = 5
 MAX_BUMPS = 3
 RATE_CAP = 4.0          # a goodput search stops at this many times the static estimate
@@ -114,7 +120,7 @@ class Goodput:
 
     def search(self, cluster: ClusterSpec, static_rate_per_s: float,
                give_up: Callable[[float], bool] | None = None, decide_early: bool = True) -> Measured | None:
-        """Starts at half the static estimate; rates over RATE_CAP x static count as misses.
+        """Starts at START_SHARE of the static estimate; rates over RATE_CAP x static count as misses.
         give_up(hi): see max_goodput_rate_per_s; None when it stopped the search (the goodput is below hi).
         decide_early: a probe's simulation stops once its pass or fail is certain (AttainmentWatch); only
         the two whose figures the answer quotes (the goodput and the lowest failing rate) run on to the
@@ -122,7 +128,7 @@ class Goodput:
         slo = self.problem.slo
         seen: dict[float, tuple[SimRun, SimSummary, float, float]] = {}
         stopped: dict[float, Simulator] = {}       # decided early, not yet run to the end
-        start_rate_per_s = 0.5 * static_rate_per_s
+        start_rate_per_s = START_SHARE * static_rate_per_s
 
         def probe(cluster_, workload, rate, ttft_s, tpot_s, num_requests, seed) -> float:
             if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
@@ -143,7 +149,7 @@ class Goodput:
             return seen[rate]
         g = max_goodput_rate_per_s(cluster, self.problem.workload, slo.ttft_s, slo.tpot_s, slo.attainment,
                                    self.num_requests, self.seed, max(start_rate_per_s, 1e-3), NUM_BISECTIONS, probe,
-                                   give_up)
+                                   give_up, GROWTH, RESOLUTION)
         if g.gave_up:
             return None
         probed = set(seen) | set(stopped)

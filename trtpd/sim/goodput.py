@@ -30,8 +30,13 @@ def max_goodput_rate_per_s(cluster: ClusterSpec, workload: WorkloadSpec, ttft_s:
                            attainment: float, num_requests: int = 4000, seed: int = 0,
                            start_rate_per_s: float = 1.0, num_bisections: int = 8,
                            probe: Callable[..., float] = attainment_at,
-                           give_up: Callable[[float], bool] | None = None) -> GoodputResult:
-    """Doubles the rate until attainment falls below the target, then bisects (same seed throughout).
+                           give_up: Callable[[float], bool] | None = None, growth: float = 2.0,
+                           resolution: float | None = None) -> GoodputResult:
+    """From start_rate_per_s, multiplies the rate by growth until attainment falls below the target (or,
+    with growth < 2 and a failing start, divides it by growth, three times at most, then halves it, until it
+    holds), then bisects (same seed throughout):
+    num_bisections times, or, with resolution, until the bracket is within that share of its low end
+    (at most num_bisections times).
 
     give_up(hi): asked after each failing probe at rate hi; True stops the search there (the answer,
     whatever the remaining probes say, is below hi): a caller that only needs to know whether the
@@ -43,21 +48,42 @@ def max_goodput_rate_per_s(cluster: ClusterSpec, workload: WorkloadSpec, ttft_s:
         probes.append((rate, a))
         return a >= attainment
 
+    def gave_up(hi: float) -> bool:
+        return give_up is not None and give_up(hi)
+
     lo, hi = 0.0, start_rate_per_s
-    while ok(hi):
-        lo, hi = hi, hi * 2
-        if hi > 1e7:
-            break
-    else:
-        if give_up is not None and give_up(hi):
+    if growth < 2 and not ok(hi):             # a start near the answer: look below it, by growth, then halves
+        if gave_up(hi):
             return GoodputResult(hi, 0.0, tuple(probes), gave_up=True)
+        steps = 0
+        while hi > 1e-3 * start_rate_per_s:
+            below = hi / growth if steps < 3 else hi / 2
+            steps += 1
+            if ok(below):
+                lo = below
+                break
+            hi = below
+            if gave_up(hi):
+                return GoodputResult(hi, 0.0, tuple(probes), gave_up=True)
+    else:
+        if growth < 2:
+            lo, hi = hi, hi * growth
+        while ok(hi):
+            lo, hi = hi, hi * growth
+            if hi > 1e7:
+                break
+        else:
+            if gave_up(hi):
+                return GoodputResult(hi, 0.0, tuple(probes), gave_up=True)
     for _ in range(num_bisections):
+        if resolution is not None and hi - lo <= resolution * lo:
+            break
         mid = (lo + hi) / 2
         if ok(mid):
             lo = mid
         else:
             hi = mid
-            if give_up is not None and give_up(hi):
+            if gave_up(hi):
                 return GoodputResult(hi, 0.0, tuple(probes), gave_up=True)
     best = max((a for r, a in probes if r == lo), default=0.0)
     return GoodputResult(lo, best, tuple(probes))

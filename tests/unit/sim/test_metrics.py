@@ -42,3 +42,19 @@ def test_goodput_search_brackets_the_threshold():
         return 1.0 if rate <= 13.7 else 0.5
     g = max_goodput_rate_per_s(None, None, 1, 1, 0.9, start_rate_per_s=1.0, num_bisections=12, probe=probe)
     assert g.rate_per_s == pytest.approx(13.7, rel=0.01) and g.rate_per_s <= 13.7
+
+
+@pytest.mark.parametrize("threshold", [0.05, 3.0, 8.0, 9.4, 10.0, 11.0, 12.4, 40.0])
+def test_goodput_search_near_a_good_start_brackets_to_the_resolution(threshold):
+    """The planner's search (a start near the answer, steps of 1.25x up or down, bisection to 1/32 of the
+    low end): within that resolution below the threshold, from either side of the start, in fewer probes
+    than doubling from half the start where the start is close."""
+    def probe(cluster, workload, rate, ttft_s, tpot_s, n, seed):
+        return 1.0 if rate <= threshold else 0.5
+    g = max_goodput_rate_per_s(None, None, 1, 1, 0.9, start_rate_per_s=9.0, num_bisections=5, probe=probe,
+                               growth=1.25, resolution=1 / 32)
+    assert g.rate_per_s <= threshold and threshold - g.rate_per_s <= threshold / 32, [r for r, _ in g.probes]
+    assert len(g.probes) <= 16             # 180x below the start: 1 + 3 steps of 1.25x, 7 halvings, 5 bisections
+    doubling = max_goodput_rate_per_s(None, None, 1, 1, 0.9, start_rate_per_s=4.5, num_bisections=5, probe=probe)
+    if 8.0 <= threshold <= 11.0:           # within 0.9-1.2x of the start
+        assert len(g.probes) < len(doubling.probes)
