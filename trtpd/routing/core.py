@@ -335,8 +335,9 @@ class Router:
     def pick_colocated(self, request_id: str, num_prompt_tokens: int, max_new_tokens: int, now_s: float,
                        exclude: frozenset[str] = frozenset()) -> Route | None:
         """Least queued prompt tokens (an instance busy prefilling delays the first token most), tie by
-        name; skips instances that cannot hold prompt + max_new_tokens. Holds the prompt tokens until
-        prefill_done and the KV blocks until release."""
+        the decode rank (most free KV after reservations, then fewer sequences), then name; skips instances
+        that cannot hold prompt + max_new_tokens. Holds the prompt tokens until prefill_done and the KV
+        blocks until release."""
         request = self._request(request_id, num_prompt_tokens)
         exclude = exclude | request.excluded if request.excluded else exclude
         num_tokens = num_prompt_tokens + max_new_tokens
