@@ -12,6 +12,7 @@ arithmetic inlined (RooflinePerfModel.decode_steps, .chunk_steps): the same floa
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 # run(context, end_s, busy_s, until_s, max_steps) -> (num_step_ends, context, end_s, busy_s): the step that
@@ -56,3 +57,23 @@ def chunk_steps(step_s: Callable[[int, int], float], chunk_tokens: int, batch_si
             context += batch_size
             done += chunk_tokens
     return run
+
+
+def decode_steps_for(perf) -> Callable[[int], DecodeSteps]:
+    """batch -> the run of decode steps at that batch on perf: its own (RooflinePerfModel.decode_steps) where it
+    has one, else decode_steps over perf.decode_step_s."""
+    own = getattr(perf, "decode_steps", None)
+    if own is not None:
+        return own
+    step_s = perf.decode_step_s
+    return lambda batch_size: decode_steps(functools.partial(step_s, batch_size), batch_size)
+
+
+def chunk_steps_for(perf, mixed_step_s: Callable[[int, int, int, int], float]) -> Callable[[int, int], ChunkSteps]:
+    """(chunk tokens, batch) -> the run of chunk steps on perf: its own (RooflinePerfModel.chunk_steps) where it
+    has one, else chunk_steps over mixed_step_s(prefill tokens, sum of squares, batch, context)."""
+    own = getattr(perf, "chunk_steps", None)
+    if own is not None:
+        return own
+    return lambda chunk_tokens, batch_size: chunk_steps(
+        lambda sum_sq, context: mixed_step_s(chunk_tokens, sum_sq, batch_size, context), chunk_tokens, batch_size)

@@ -115,18 +115,14 @@ def static_point(c: ColocatedCandidate, stats: WorkloadStats, rate_per_s: float,
             if share >= 1:
                 return None
             nxt = perf.decode_step_s(batch, context) / (1 - share)
-        elif c.policy == "inflight":
-            # whole prompts: a share f = min(1, lambda s) of the steps carries them (max(1, lambda s) each), the
-            # rest only decode
-            per_step = rate_per_s * s
-            if per_step < 1:
-                prompt_tokens = l_in
-                if b + prompt_tokens > budget:
-                    return None
-                nxt = per_step * mixed(int(prompt_tokens), int(prompt_tokens * sq_per_token), batch, context) \
-                    + (1 - per_step) * perf.decode_step_s(batch, context)
-            else:
-                nxt = mixed(int(tokens), int(tokens * sq_per_token), batch, context)
+        elif c.policy == "inflight" and rate_per_s * s < 1:
+            # whole prompts: only the share lambda s of the steps carries one, the rest only decode (at lambda s
+            # >= 1 every step carries prompts, as spread below)
+            if b + l_in > budget:
+                return None
+            share = rate_per_s * s
+            nxt = share * mixed(int(l_in), int(l_in * sq_per_token), batch, context) \
+                + (1 - share) * perf.decode_step_s(batch, context)
         else:
             nxt = mixed(int(tokens), int(tokens * sq_per_token), batch, context)
         if abs(nxt - s) < 1e-6 * s:

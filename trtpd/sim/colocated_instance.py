@@ -25,14 +25,13 @@ from typing import Callable, Literal
 
 from trtpd.perf import step_runs
 from trtpd.perf.model import PerfModel
-from trtpd.perf.step_runs import ChunkSteps
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
 from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
-from trtpd.sim.stepping import SteppingInstance, decode_steps_fn
+from trtpd.sim.stepping import SteppingInstance
 
 ColocatedPolicy = Literal["inflight", "chunked", "prefill_first"]
 COLOCATED_POLICIES: tuple[str, ...] = ("inflight", "chunked", "prefill_first")
@@ -65,11 +64,9 @@ class ColocatedInstance(SteppingInstance):
         mixed = getattr(perf, "mixed_step_s", None)   # what mixed_step_s(perf, ...) calls, looked up once
         self._step_s: Callable[[int, int, int, int], float] = (
             mixed if mixed is not None else functools.partial(mixed_step_s, perf))
-        # a step with no prompt tokens costs perf.decode_step_s, through either of the above
-        self._decode_only_step_s: Callable[[int, int], float] = perf.decode_step_s
-        self._decode_steps = decode_steps_fn(perf)
-        # chunked steps that give one prompt the whole budget beside the same batch (trtpd.perf.step_runs)
-        self._chunk_steps: Callable[[int, int], ChunkSteps] = getattr(perf, "chunk_steps", None) or self._generic_chunk_steps
+        # runs of decode-only steps, and of chunked steps that give one prompt the whole budget (trtpd.perf.step_runs)
+        self._decode_steps = step_runs.decode_steps_for(perf)
+        self._chunk_steps = step_runs.chunk_steps_for(perf, self._step_s)
         self.policy = policy
         self.token_budget = config.max_num_tokens
         allocator = (BlockAllocator if exact_steps else BlockCounter)(num_blocks, tokens_per_block)
@@ -279,11 +276,6 @@ class ColocatedInstance(SteppingInstance):
         self.step_chunks = [(seq, budget)]
         return end_s, k
 
-    def _generic_chunk_steps(self, budget: int, batch_size: int) -> ChunkSteps:
-        step_s = self._step_s
-        return step_runs.chunk_steps(lambda sum_sq, context: step_s(budget, sum_sq, batch_size, context), budget,
-                                     batch_size)
-
     def rewind_to(self, now_s: float) -> None:
         """A run that ends at now_s before its last events (overloaded): forgets the inline steps begun at or
         after now_s, so that the counters say what had happened by then, as with no step run ahead."""
@@ -306,10 +298,9 @@ class ColocatedInstance(SteppingInstance):
 
     def _plan_chunked_step(self, now_s: float) -> float | None:
         """Admits, picks the step's chunks (step_chunks) and returns its duration; None: nothing to step."""
-        if self.scheduler.waiting or self.exact_steps:
-            for seq in self._admit(self.num_ready):
-                self.chunking.append(seq)
-                self.num_computed[seq.request_id] = 0
+        for seq in self._admit(self.num_ready):
+            self.chunking.append(seq)
+            self.num_computed[seq.request_id] = 0
         budget = self.token_budget - self.num_ready
         chunks: list[tuple[SimSequence, int]] = []
         prefill_tokens = sum_sq = 0
@@ -339,7 +330,7 @@ class ColocatedInstance(SteppingInstance):
             # rest does then (_end_step, no prompt done, a decode-only step planned by any policy), shortly
             self.num_steps += 1
             self.total_context_tokens += self.num_ready
-            self._begin_step(now_s, self._decode_only_step_s(self.num_ready, self.total_context_tokens),
+            self._begin_step(now_s, self.perf.decode_step_s(self.num_ready, self.total_context_tokens),
                              self._decode_steps)
             return
         if not self.is_prefill_only:
@@ -356,12 +347,8 @@ class ColocatedInstance(SteppingInstance):
                 self.chunking.popleft()     # chunks go oldest first: the finished ones lead the queue
             self.step_chunks = []
             self.prefilling = tuple(finished)
-        if self.prefilling:
-            self._prompts_done(now_s)
-        if self.policy == "chunked":
-            self._start_chunked_step(now_s, True)
-        else:
-            self._start_step(now_s, after_step=True)
+        self._prompts_done(now_s)
+        self._start_step(now_s, after_step=True)
 
     def _prompts_done(self, now_s: float) -> None:
         records = self.records

@@ -28,7 +28,7 @@ from trtpd.sim.events import EventLoop
 from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
-from trtpd.sim.stepping import SteppingInstance, decode_steps_fn
+from trtpd.sim.stepping import SteppingInstance
 
 
 class KvLink:
@@ -71,7 +71,7 @@ class DecodeInstance(SteppingInstance):
         self.contention = contention       # () -> step slowdown factor from other work on shared cores
         self.on_finished = on_finished     # (request index): the router releases the request
         # batch -> (context -> step time) for the inline decode-only steps
-        self._steps_fn = decode_steps_fn(perf) if contention is None else self._contended_steps
+        self._steps_fn = step_runs.decode_steps_for(perf) if contention is None else self._contended_steps
         self.is_stepping = False
         self.num_steps = 0                 # completed steps
         self.num_ready = 0                 # sequences in the current/next step

@@ -15,22 +15,10 @@ read nothing of this instance, so the run is the same.
 
 from __future__ import annotations
 
-import functools
 import heapq
 from typing import Callable
 
-from trtpd.perf import step_runs
 from trtpd.perf.step_runs import DecodeSteps
-
-
-def decode_steps_fn(perf) -> Callable[[int], DecodeSteps]:
-    """batch -> the run of decode steps at that batch (trtpd.perf.step_runs) for perf: its own
-    (RooflinePerfModel.decode_steps, the arithmetic inlined) where it has one."""
-    fn = getattr(perf, "decode_steps", None)
-    if fn is not None:
-        return fn
-    step_s = perf.decode_step_s
-    return lambda batch_size: step_runs.decode_steps(functools.partial(step_s, batch_size), batch_size)
 
 
 class SteppingInstance:

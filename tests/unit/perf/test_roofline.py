@@ -141,39 +141,14 @@ def test_mixed_step_s_is_the_mixed_breakdown_total_bit_for_bit(name, hw, tp, wei
         assert r.mixed_step_s(p, sq, b, ctx) == r.mixed_breakdown(p, sq, b, ctx).total_s, (p, sq, b, ctx)
 
 
-def _decode_run_one_by_one(perf, batch, context, end_s, busy_s, until_s, max_steps):
-    """What a run of decode steps means, a step at a time through decode_step_s."""
-    n = 0
-    while n < max_steps and end_s < until_s:
-        context += batch
-        duration_s = perf.decode_step_s(batch, context)
-        busy_s += duration_s
-        end_s += duration_s
-        n += 1
-    return n, context, end_s, busy_s
-
-
-def _chunk_run_one_by_one(perf, chunk, batch, done, context, now_s, busy_s, until_s, max_steps):
-    """What a run of chunk steps means, a step at a time through mixed_step_s."""
-    n, end_s = 0, now_s
-    while True:
-        duration_s = perf.mixed_step_s(chunk, chunk * chunk + 2 * chunk * done, batch, context)
-        busy_s += duration_s
-        end_s += duration_s
-        if n >= max_steps or not end_s < until_s:
-            return n, done, context, end_s, busy_s
-        n += 1
-        context += batch
-        done += chunk
-
-
 @pytest.mark.parametrize("name,hw,tp,weights,kv", [
     ("llama-2-70b", "h100-sxm", 4, "fp16", "fp16"), ("llama-2-70b", "h200", 8, "fp8", "fp8"),
     ("llama-2-7b", "a100-80g", 1, "fp16", "fp16"), ("deepseek-v3.1", "h200", 8, "fp8", "fp16")])
 def test_step_runs_give_the_step_times_one_by_one_bit_for_bit(name, hw, tp, weights, kv):
     """decode_steps and chunk_steps inline decode_step_s's and mixed_step_s's arithmetic for the simulator's
-    runs of steps (trtpd.perf.step_runs): the very floats and counts of the steps taken one by one, and of
-    the generic runs, whether the run stops at max_steps or at until_s."""
+    runs of steps: the very floats and counts of the generic runs (trtpd.perf.step_runs), which take the steps
+    one by one through decode_step_s and mixed_step_s (and equal the event heap's run: test_fast_paths),
+    whether the run stops at max_steps or at until_s."""
     import random
 
     from trtpd.perf import step_runs
@@ -185,14 +160,12 @@ def test_step_runs_give_the_step_times_one_by_one_bit_for_bit(name, hw, tp, weig
         context, done = batch * rng.randint(1, 8000), rng.choice([0, chunk, rng.randint(0, 20000)])
         end_s, busy_s = rng.uniform(0, 100), rng.uniform(0, 50)
         until_s, max_steps = end_s + rng.choice([0.0, rng.uniform(0, 0.5), math.inf]), rng.choice([0, 1, 5, 40])
-        expected = _decode_run_one_by_one(r, batch, context, end_s, busy_s, until_s, max_steps)
+        one_by_one = step_runs.decode_steps(lambda c, b=batch: r.decode_step_s(b, c), batch)
+        expected = one_by_one(context, end_s, busy_s, until_s, max_steps)
         assert r.decode_steps(batch)(context, end_s, busy_s, until_s, max_steps) == expected
-        generic = step_runs.decode_steps(lambda c, b=batch: r.decode_step_s(b, c), batch)
-        assert generic(context, end_s, busy_s, until_s, max_steps) == expected
-        expected = _chunk_run_one_by_one(r, chunk, batch, done, context, end_s, busy_s, until_s, max_steps)
+        one_by_one = step_runs.chunk_steps(lambda sq, c, k=chunk, b=batch: r.mixed_step_s(k, sq, b, c), chunk, batch)
+        expected = one_by_one(done, context, end_s, busy_s, until_s, max_steps)
         assert r.chunk_steps(chunk, batch)(done, context, end_s, busy_s, until_s, max_steps) == expected
-        generic = step_runs.chunk_steps(lambda sq, c, k=chunk, b=batch: r.mixed_step_s(k, sq, b, c), chunk, batch)
-        assert generic(done, context, end_s, busy_s, until_s, max_steps) == expected
         stops["max_steps" if expected[0] == max_steps else "until_s"] += 1
     assert min(stops.values()) > 20          # both ways a run ends were seen
 
