@@ -131,12 +131,15 @@ class FleetService:
         return True
 
     def _apply_draining(self) -> None:
+        """The router's draining marks follow the fleet file's; an instance the file no longer has (its client
+        is gone) is marked draining too, until the next probe drops it from the router's snapshot."""
         states = {v.name: v.state for v in self.router.instances()}
-        for name in self.draining:
-            if name in states and states[name] != "draining":
-                self.router.set_state(name, "draining")
+        in_fleet = {i.name for i in self.config.instances}
         for name, state in states.items():
-            if state == "draining" and name not in self.draining:
+            unroutable = name in self.draining or name not in in_fleet
+            if unroutable and state != "draining":
+                self.router.set_state(name, "draining")
+            elif not unroutable and state == "draining":
                 self.router.set_state(name, "ready")
 
     def cohort(self) -> tuple[int, frozenset[str]]:

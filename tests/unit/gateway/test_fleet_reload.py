@@ -77,6 +77,31 @@ def test_reload_adds_and_removes_instances_and_applies_drains(fleet_file, fp16_r
 
 
 @in_loop
+def test_an_instance_gone_from_the_file_gets_no_request_before_the_next_probe(fleet_file, fp16_root):
+    """The controller removes a drained instance from fleet.json; until the next probe drops it from the
+    router's snapshot it must stay unroutable (its client is gone: a pick of it was a KeyError, a 500)."""
+    svc = FleetService(from_fleet_file(fleet_file))
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("prefill-1", "prefill"),
+                                                 instance("decode-0", "decode")])
+    assert svc.reload()
+    ready(svc, ("prefill-0", "prefill"), ("prefill-1", "prefill"), ("decode-0", "decode"))
+    for gone in ("prefill-1", "prefill-0"):        # drained first, or removed at once
+        if gone == "prefill-1":
+            write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"),
+                                                         instance("prefill-1", "prefill", admin_state="draining"),
+                                                         instance("decode-0", "decode")])
+            assert svc.reload()
+            keep = [instance("prefill-0", "prefill"), instance("decode-0", "decode")]
+        else:
+            write(fleet_file, fp16_root / "checkpoint", [instance("prefill-1", "prefill"), instance("decode-0", "decode")])
+            keep = [instance("decode-0", "decode")]
+        write(fleet_file, fp16_root / "checkpoint", keep)
+        assert svc.reload() and gone not in svc.clients
+        picks = {svc.router.pick_prefill(f"{gone}-{k}", 10, 2.0 + k) for k in range(4)}
+        assert all(p is None or p.instance in svc.clients for p in picks), picks
+
+
+@in_loop
 def test_undraining_in_the_file_restores_the_instance(fleet_file, fp16_root):
     svc = FleetService(from_fleet_file(fleet_file))
     write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"),
