@@ -268,11 +268,11 @@ class _Generation:
     async def texts(self):
         """The stable text of each step; releases the admission slot and records metrics however it ends."""
         orchestrator: FleetOrchestrator = self.service.orchestrator
-        revision, exclude = self.service.cohort()
-        generation = orchestrator.generate(self.request_id, self.prompt_ids, self.sampling, exclude)
-        error_kind, where = "cancelled", ("", "")
+        error_kind, where, cohort, generation = "cancelled", ("", ""), None, None
         try:
             await self.ticket.enter()
+            cohort = self.service.cohort()   # once admitted: the split as it is when the request starts
+            generation = orchestrator.generate(self.request_id, self.prompt_ids, self.sampling, cohort)
             async for out in generation:
                 where = (out.prefill_instance or "", out.decode_instance or "")
                 if out.token_ids:
@@ -294,8 +294,11 @@ class _Generation:
             error_kind = "internal"
             raise
         finally:
-            self.service.sample(self.timing, revision, error_kind, where, len(self.prompt_ids), self.perf)
-            await generation.aclose()   # cancels the instance's stream if we stop early (stop string, disconnect)
+            # the revision that served it (a request the split handed to the other cohort counts there)
+            self.service.sample(self.timing, cohort.revision if cohort else 0, error_kind, where,
+                                len(self.prompt_ids), self.perf)
+            if generation is not None:   # cancels the instance's stream if we stop early (stop string, disconnect)
+                await generation.aclose()
             self.ticket.release()
 
     def _take(self, token_ids: list[int]) -> str:

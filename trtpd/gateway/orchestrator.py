@@ -12,7 +12,10 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from trtpd.gateway.role_client import RoleChunk, RoleClient, RoleError, SamplingInputs
-from trtpd.routing.core import Router
+from trtpd.routing.cohorts import Cohort
+from trtpd.routing.core import Route, Router
+
+MAX_REGROUPS = 2   # prefills again because the request's cohort moved away from the instance holding its KV
 
 
 class GatewayError(Exception):
@@ -49,24 +52,26 @@ class FleetOrchestrator:
         self.holds: Counter[str] = Counter()
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingInputs,
-                       exclude: frozenset[str] = frozenset()) -> AsyncIterator[Generated]:
-        """`exclude`: instances this request must not use (another revision's, during a canary)."""
+                       cohort: Cohort | None = None) -> AsyncIterator[Generated]:
+        """`cohort`: the revision serving this request and the instances it must not use (another
+        revision's, during a canary); read again whenever a pick finds nothing."""
+        cohort = cohort or Cohort()
         try:
             if self.mode == "colocated":
-                async for out in self._colocated(request_id, prompt_ids, sampling, exclude):
+                async for out in self._colocated(request_id, prompt_ids, sampling, cohort):
                     yield out
             else:
-                async for out in self._disaggregated(request_id, prompt_ids, sampling, exclude):
+                async for out in self._disaggregated(request_id, prompt_ids, sampling, cohort):
                     yield out
         finally:
             self.router.release(request_id)
 
     # ---- disaggregated -----------------------------------------------------------------------
-    async def _disaggregated(self, request_id: str, ids: list[int], sampling: SamplingInputs,
-                             exclude: frozenset[str]):
-        attempt = 1
+    async def _disaggregated(self, request_id: str, ids: list[int], sampling: SamplingInputs, cohort: Cohort):
+        attempt, regroups, failed = 1, 0, frozenset()   # failed: instances that failed this request
         while True:
-            prefill = await self._pick(lambda: self.router.pick_prefill(request_id, len(ids), self.clock(), exclude))
+            prefill = await self._pick(cohort, lambda ex: self.router.pick_prefill(
+                request_id, len(ids), self.clock(), ex | failed))
             if prefill is None:
                 raise GatewayError("no prefill instance is ready; retry later", "unavailable")
             held = _Holds(self.holds, prefill.instance)
@@ -75,11 +80,18 @@ class FleetOrchestrator:
                     handle, perf = await self._prefill(prefill.instance, f"{request_id}-p{attempt}", ids, sampling)
                 except RoleError as exc:
                     held.drop(prefill.instance)
-                    exclude, attempt = self._decide(request_id, "prefill", exc, attempt, exclude)
+                    failed, attempt = self._decide(request_id, "prefill", exc, attempt, failed)
                     continue
                 self.router.prefill_done(request_id)
-                decode = await self._pick(lambda: self.router.pick_decode(
-                    request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude))
+                # the KV is on prefill.instance: a cohort that now excludes it has no decode that can read it
+                decode = await self._pick(cohort, lambda ex: self.router.pick_decode(
+                    request_id, len(ids), sampling.max_new_tokens, self.clock(), ex | failed),
+                    stranded=lambda ex: prefill.instance in ex)
+                if decode is None and prefill.instance in cohort.exclude and regroups < MAX_REGROUPS:
+                    # the split moved on (a rollout promoted or rolled back) while this request was prefilled:
+                    # prefill again within the cohort it belongs to now
+                    regroups, attempt = regroups + 1, attempt + 1
+                    continue
                 if decode is None:
                     raise GatewayError("no decode instance can take this request now; retry later", "unavailable")
                 held.add(decode.instance)
@@ -102,8 +114,8 @@ class FleetOrchestrator:
                     # the decode model's own "unavailable" is a KV pull that failed (prefill gone, export
                     # expired); a decode instance that cannot be reached is decode's failure, not prefill's
                     stage = "kv_pull" if exc.kind == "unavailable" and not exc.transport else "decode"
-                    exclude, attempt = self._decide(request_id, stage, exc, attempt, exclude,
-                                                    failed=prefill.instance if stage == "kv_pull" else exc.instance)
+                    failed, attempt = self._decide(request_id, stage, exc, attempt, failed,
+                                                   culprit=prefill.instance if stage == "kv_pull" else exc.instance)
             finally:
                 held.clear()
 
@@ -117,37 +129,42 @@ class FleetOrchestrator:
             raise RoleError(f"prefill instance {instance} returned no context_phase_params", "internal", instance)
         return handle, perf
 
-    def _decide(self, request_id: str, stage: str, exc: RoleError, attempt: int, exclude: frozenset[str],
-                failed: str | None = None) -> tuple[frozenset[str], int]:
-        """Asks the routing core what to do about a failed step; raises GatewayError unless it retries."""
-        decision = self.router.on_failure(request_id, stage, exc.kind, attempt, failed or exc.instance, self.clock())
+    def _decide(self, request_id: str, stage: str, exc: RoleError, attempt: int, failed: frozenset[str],
+                culprit: str | None = None) -> tuple[frozenset[str], int]:
+        """Asks the routing core what to do about a failed step; raises GatewayError unless it retries.
+        Returns the instances that failed this request so far, and the next attempt."""
+        decision = self.router.on_failure(request_id, stage, exc.kind, attempt, culprit or exc.instance, self.clock())
         limit = self.router.policy.max_decode_attempts if stage == "decode" else self.router.policy.max_prefill_attempts
         if decision.action == "fail" and not (self.wait_for_instance_s > 0 and exc.kind == "unavailable"
                                               and decision.error_kind == "unavailable" and attempt < limit):
             raise GatewayError(decision.message or str(exc), _http_kind(decision.error_kind))
         # a retry, or one whose only obstacle is that no other instance is ready now: the next pick waits for one
-        return exclude | decision.exclude, attempt + 1
+        return failed | decision.exclude, attempt + 1
 
-    async def _pick(self, pick):
-        """The routing core's pick; when it finds nothing, asks again every 50 ms for wait_for_instance_s."""
-        route = pick()
-        if route is not None or self.wait_for_instance_s <= 0:
-            return route
+    async def _pick(self, cohort: Cohort, pick: Callable[[frozenset[str]], Route | None],
+                    stranded: Callable[[frozenset[str]], bool] | None = None) -> Route | None:
+        """The routing core's pick, `pick(excluded instances)`, within the request's cohort. When it finds
+        nothing, the cohort is read again (the split may have moved) and the pick asked again, every 50 ms for
+        wait_for_instance_s; None at once when `stranded(the cohort's exclusions)` says the request cannot be
+        served in its cohort as it stands."""
+        route = pick(cohort.exclude)
         deadline = time.monotonic() + self.wait_for_instance_s
-        while time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-            route = pick()
-            if route is not None:
+        while route is None:
+            cohort.refresh()
+            if stranded is not None and stranded(cohort.exclude):
+                return None
+            route = pick(cohort.exclude)
+            if route is not None or time.monotonic() >= deadline:
                 return route
-        return None
+            await asyncio.sleep(0.05)
+        return route
 
     # ---- colocated ---------------------------------------------------------------------------
-    async def _colocated(self, request_id: str, ids: list[int], sampling: SamplingInputs,
-                         exclude: frozenset[str]):
-        attempt = 1
+    async def _colocated(self, request_id: str, ids: list[int], sampling: SamplingInputs, cohort: Cohort):
+        attempt, failed = 1, frozenset()
         while True:
-            route = await self._pick(lambda: self.router.pick_colocated(
-                request_id, len(ids), sampling.max_new_tokens, self.clock(), exclude))
+            route = await self._pick(cohort, lambda ex: self.router.pick_colocated(
+                request_id, len(ids), sampling.max_new_tokens, self.clock(), ex | failed))
             if route is None:
                 raise GatewayError("no colocated instance can take this request now; retry later", "unavailable")
             streamed = False
@@ -165,7 +182,7 @@ class FleetOrchestrator:
                 if streamed:
                     raise GatewayError(f"instance {route.instance} failed mid-stream: {exc}",
                                        _http_kind(exc.kind)) from None
-                exclude, attempt = self._decide(request_id, "decode", exc, attempt, exclude)
+                failed, attempt = self._decide(request_id, "decode", exc, attempt, failed)
             finally:
                 held.clear()
 

@@ -16,7 +16,7 @@ from trtpd.gateway.metrics import PHASES, GatewayMetrics
 from trtpd.gateway.orchestrator import FleetOrchestrator
 from trtpd.gateway.role_client import RoleClient
 from trtpd.gateway.timing import RequestTiming
-from trtpd.routing.cohorts import Split
+from trtpd.routing.cohorts import Cohort, Split
 from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 
 MAX_SAMPLES = 20000     # recent finished requests kept for the controller's rollout gate (GET /admin/requests)
@@ -142,17 +142,22 @@ class FleetService:
             elif not unroutable and state == "draining":
                 self.router.set_state(name, "ready")
 
-    def cohort(self) -> tuple[int, frozenset[str]]:
-        """The revision the next request is served by, and the instances it must not use. A canary request
-        goes to the stable revision instead while a changed role has no ready canary instance."""
-        split = self.split
+    def cohort(self) -> Cohort:
+        """The cohort the next request is served by: its revision by the split's share, and the instances it
+        must not use (see regroup)."""
         sequence, self.num_routed = self.num_routed, self.num_routed + 1
-        revision = split.revision_for(sequence)
+        revision, exclude = self.regroup(self.split.revision_for(sequence))
+        return Cohort(revision, exclude, self.regroup)
+
+    def regroup(self, revision: int) -> tuple[int, frozenset[str]]:
+        """A request of `revision` under the split as it is now: the revision it is served by and the instances
+        it must not use. A cohort with no ready instance left in a changed role (a canary that died, the last
+        stable instance draining during promotion, the canary draining in a rollback) hands its requests to the
+        other cohort rather than fail them."""
+        split = self.split
         instances = [(i.name, i.role) for i in self.config.instances]
         exclude = split.excluded(revision, instances)
         if split.active:
-            # a cohort with no ready instance left in a changed role (a canary that died, the last stable
-            # instance draining during promotion) hands its requests to the other cohort rather than fail them
             ready = {v.name: v.role for v in self.router.instances() if v.state == "ready"}
             if not all(any(r == role and n not in exclude for n, r in ready.items()) for role in split.changed_roles):
                 other = split.stable_revision if revision == split.canary_revision else split.canary_revision

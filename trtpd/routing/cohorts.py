@@ -8,11 +8,16 @@ Roles that changed between the revisions ("changed_roles") use only instances of
 revision: both changed roles together keep KV within one revision (a rollout that changes the KV layout of
 prefill and decode at once never sends a new prefill's KV to an old decode). Unchanged roles serve both
 cohorts; lint checked that the changed role's KV is compatible with theirs.
+
+A request's cohort is read again whenever it finds no instance to take it: a split that moved while the
+request was on its way (a promotion draining the last stable decode, a rollback draining the canary) hands
+it to the other cohort, and a request whose KV sits on an instance the new cohort excludes is prefilled again.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -57,3 +62,17 @@ class Split:
         if revision != self.canary_revision:
             return frozenset(canary)
         return frozenset(name for name, role in instances if role in self.changed_roles and name not in canary)
+
+
+@dataclass
+class Cohort:
+    """One request's cohort: the revision serving it and the instances it must not use. `regroup` (the
+    gateway's) gives both again from the traffic split as it is now, for a request of `revision`."""
+
+    revision: int = 0
+    exclude: frozenset[str] = frozenset()
+    regroup: Callable[[int], tuple[int, frozenset[str]]] | None = None
+
+    def refresh(self) -> None:
+        if self.regroup is not None:
+            self.revision, self.exclude = self.regroup(self.revision)

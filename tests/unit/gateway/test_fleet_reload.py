@@ -49,6 +49,16 @@ def in_loop(test):
     return run
 
 
+def in_async(test):
+    """Runs an async test in its own event loop."""
+    import functools
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        return asyncio.run(test(*args, **kwargs))
+    return run
+
+
 def ready(svc: FleetService, *names_roles) -> None:
     """What a probe would report: these instances up and idle."""
     svc.router.update([InstanceView(n, r, max_kv_blocks=100, free_kv_blocks=100) for n, r in names_roles], 1.0)
@@ -124,15 +134,15 @@ def test_canary_cohorts_and_their_fallback(fleet_file, fp16_root):
     svc.reload()
     ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode"))
     cohorts = [svc.cohort() for _ in range(4)]
-    assert [rev for rev, _ in cohorts] == [1, 2, 1, 2]
-    assert [ex for _, ex in cohorts] == [{"decode-1"}, {"decode-0"}, {"decode-1"}, {"decode-0"}]
+    assert [c.revision for c in cohorts] == [1, 2, 1, 2]
+    assert [c.exclude for c in cohorts] == [{"decode-1"}, {"decode-0"}, {"decode-1"}, {"decode-0"}]
     # the canary instance is not ready (died): canary requests go to the stable cohort instead of failing
     ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"))
-    assert [svc.cohort() for _ in range(2)] == [(1, {"decode-1"}), (1, {"decode-1"})]
+    assert [(c.revision, c.exclude) for c in (svc.cohort(), svc.cohort())] == [(1, {"decode-1"})] * 2
     # the last stable decode drains (promotion): stable requests go to the canary cohort
     ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode"))
     svc.router.set_state("decode-0", "draining")
-    assert [svc.cohort() for _ in range(2)] == [(2, {"decode-0"}), (2, {"decode-0"})]
+    assert [(c.revision, c.exclude) for c in (svc.cohort(), svc.cohort())] == [(2, {"decode-0"})] * 2
 
 
 @in_loop
@@ -182,3 +192,74 @@ def test_without_waiting_no_instance_is_an_immediate_503():
         return [g async for g in orch.generate("r", [1, 2, 3], SamplingInputs(max_new_tokens=1))]
     with pytest.raises(GatewayError, match="no decode instance"):
         asyncio.run(go())
+
+
+class _Instance:
+    """A role instance that answers at once; `during` runs while it serves its first request (the split moving
+    under a request in flight). Records what it was sent."""
+
+    def __init__(self, name: str, during=None) -> None:
+        self.name, self.during, self.calls = name, during, []
+
+    async def stream(self, request_id, request_type, ids, sampling, handle=None):
+        self.calls.append((request_type, handle))
+        if self.during is not None:
+            during, self.during = self.during, None
+            during()
+        yield RoleChunk([7], handle=self.name.encode() if request_type == "context_only" else None, final=True)
+
+
+async def _serve(svc: FleetService, instances: dict[str, _Instance], cohort):
+    orch = FleetOrchestrator("disaggregated", svc.router, instances, wait_for_instance_s=1.0)
+    out = [g async for g in orch.generate("r", [1, 2, 3], SamplingInputs(max_new_tokens=1), cohort)]
+    assert orch.holds == {} and svc.router.num_tracked_requests == 0   # nothing held once it ended
+    return out
+
+
+@in_async
+async def test_a_request_prefilled_before_promotion_decodes_on_the_new_revision(fleet_file, fp16_root):
+    """The last stable decode drains (promotion) while a stable request is prefilled: it is decoded by the
+    canary's decode instance, which reads the unchanged prefill's KV, instead of waiting for a stable one."""
+    traffic = {"stable_revision": 1, "canary_revision": 2, "canary_share": 0.5, "changed_roles": ["decode"],
+               "canary_instances": ["decode-1"]}
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-0", "decode"),
+                                                 instance("decode-1", "decode", revision=2)], traffic=traffic)
+    svc = FleetService(from_fleet_file(fleet_file))
+    svc.reload()
+    ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"), ("decode-1", "decode"))
+    cohort = svc.cohort()
+    assert (cohort.revision, cohort.exclude) == (1, {"decode-1"})
+    instances = {"prefill-0": _Instance("prefill-0", lambda: svc.router.set_state("decode-0", "draining")),
+                 "decode-0": _Instance("decode-0"), "decode-1": _Instance("decode-1")}
+    out = await _serve(svc, instances, cohort)
+    assert [(g.prefill_instance, g.decode_instance) for g in out] == [("prefill-0", "decode-1")]
+    assert instances["decode-1"].calls == [("generation_only", b"prefill-0")] and not instances["decode-0"].calls
+    assert cohort.revision == 2   # counted as the revision that served it
+
+
+@in_async
+async def test_a_request_whose_kv_the_new_cohort_cannot_read_is_prefilled_again(fleet_file, fp16_root):
+    """A rollout changing both roles (say the KV dtype) rolls back while a canary request is prefilled on the
+    canary's prefill: no stable decode may read that KV, so the request is prefilled again on the stable
+    prefill and decoded by the stable decode; the canary decode is never sent it."""
+    traffic = {"stable_revision": 1, "canary_revision": 2, "canary_share": 1.0, "changed_roles": ["prefill", "decode"],
+               "canary_instances": ["prefill-1", "decode-1"]}
+    write(fleet_file, fp16_root / "checkpoint",
+          [instance("prefill-0", "prefill"), instance("decode-0", "decode"),
+           instance("prefill-1", "prefill", revision=2), instance("decode-1", "decode", revision=2)], traffic=traffic)
+    svc = FleetService(from_fleet_file(fleet_file))
+    svc.reload()
+    ready(svc, ("prefill-0", "prefill"), ("decode-0", "decode"), ("prefill-1", "prefill"), ("decode-1", "decode"))
+    cohort = svc.cohort()
+    assert (cohort.revision, cohort.exclude) == (2, {"prefill-0", "decode-0"})
+
+    def roll_back():
+        for name in ("prefill-1", "decode-1"):
+            svc.router.set_state(name, "draining")
+    instances = {"prefill-0": _Instance("prefill-0"), "decode-0": _Instance("decode-0"),
+                 "prefill-1": _Instance("prefill-1", roll_back), "decode-1": _Instance("decode-1")}
+    out = await _serve(svc, instances, cohort)
+    assert [(g.prefill_instance, g.decode_instance) for g in out] == [("prefill-0", "decode-0")]
+    assert [c[0] for c in instances["prefill-1"].calls] == ["context_only"]
+    assert instances["decode-0"].calls == [("generation_only", b"prefill-0")] and not instances["decode-1"].calls
+    assert cohort.revision == 1
