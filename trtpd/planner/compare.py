@@ -163,7 +163,10 @@ class Goodput:
 
 
 # -- disaggregated -------------------------------------------------------------------------------------
-def disaggregated_side(planner: Planner, choice: Choice, goodput: Goodput, rate: float | None) -> Side:
+def disaggregated_side(planner: Planner, choice: Choice, goodput: Goodput, rate: float | None,
+                       at_target: tuple[bool, SimSummary] | None = None) -> Side:
+    """at_target: whether these counts met the SLOs at the target rate, and that run's summary, when the
+    plan's verification already simulated them there (else simulated here)."""
     cfg, space = choice.config, planner.problem.space
     cluster = cluster_for(cfg.prefill, cfg.decode, choice.num_prefill, choice.num_decode, cfg.link,
                           space.tokens_per_block, space.first_token_at)
@@ -176,7 +179,7 @@ def disaggregated_side(planner: Planner, choice: Choice, goodput: Goodput, rate:
                 {"prefill": cfg.prefill.scheduler.max_num_tokens, "decode": cfg.decode.max_batch_size},
                 static, measured, cfg.decode.inst.source)
     if rate is not None:
-        side.meets_target, side.target_summary = goodput.passes(cluster, rate)
+        side.meets_target, side.target_summary = at_target or goodput.passes(cluster, rate)
     return side
 
 

@@ -24,6 +24,7 @@ class VerifyOptions:
     compare_colocated: bool = True     # also search colocated configurations and recommend one side
     compare_requests: int = 1000       # requests per simulation of a goodput search (more to cover the warm-up)
     parallel: bool = True              # the colocated search in a second process (same answer; planner.parallel)
+    decide_early: bool = True          # a trimmed configuration that fails stops once that is certain (verify)
 
 
 def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
@@ -50,10 +51,13 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
             if options.enabled and result.rate_per_s is not None:
                 choice, verdict = _verified(problem, result, choice, result.rate_per_s, verify)
         plan = _to_plan(problem, result, choice, verdict)
-        if not comparing:
+        if not comparing or choice is None:
             return plan, None
-        disagg = compare.disaggregated_side(planner, choice, goodput, rate) if choice is not None else None
-        return plan, disagg
+        # the verification's run at the target rate, of the counts it chose, says whether they meet the target
+        verified = verdict is not None and rate is not None and \
+            (verdict.num_prefill, verdict.num_decode) == (choice.num_prefill, choice.num_decode)
+        at_target = (verdict.passed, verdict.summary) if verified else None
+        return plan, compare.disaggregated_side(planner, choice, goodput, rate, at_target)
 
     if not comparing:
         return disaggregated()[0]
@@ -119,7 +123,7 @@ def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: 
     verdict = verify(cfg.prefill, cfg.decode, (choice.num_prefill, choice.num_decode), cfg.link, requests,
                      problem.slo, space.tokens_per_block, space.first_token_at, analytic_q, propose,
                      lambda c: cfg.is_stable(c[0], c[1], rate), space.max_gpus, options.try_fewer,
-                     options.max_simulations, warmup_s)
+                     options.max_simulations, warmup_s, options.decide_early)
     if (verdict.num_prefill, verdict.num_decode) != (choice.num_prefill, choice.num_decode):
         result.notes.append(f"the simulator moved the analytic {choice.num_prefill}P{choice.num_decode}D to "
                             f"{verdict.num_prefill}P{verdict.num_decode}D")

@@ -5,7 +5,8 @@ analytic TTFT_p and TPOT_p by what the simulator measured (Dynamo-style correcti
 solve the counts again with the corrected model. 3) Local search: a passing configuration tries one
 instance fewer per role; a failing one gets one more instance of the role that misses (TTFT misses
 caused by waiting for decode admission count against decode). Keep the passing configuration with
-the fewest GPUs. At most `max_simulations` runs, each on the same requests.
+the fewest GPUs. At most `max_simulations` runs, each on the same requests. A trimmed configuration's
+simulation stops as soon as its failure is certain (trtpd.sim.attainment): only its pass or fail is used.
 
 Two guards against short simulations that look better than the steady state (decode batches
 take about the longest output x TPOT to fill): requests arriving in the first `warmup_s` are
@@ -15,6 +16,7 @@ bound) is tried, whatever a finite simulation says.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,8 +27,9 @@ from trtpd.planner.inputs import Slo
 from trtpd.planner.role_models import KvLinkModel
 from trtpd.sched.continuous import BatchSchedulerConfig
 from trtpd.sim.cluster import BatchRole, ClusterSpec, KvLinkSpec, PrefillRole
+from trtpd.sim.attainment import AttainmentWatch
 from trtpd.sim.metrics import SimSummary, latencies, summarize
-from trtpd.sim.simulator import SimRun, default_max_in_system, simulate
+from trtpd.sim.simulator import SimRun, Simulator, default_max_in_system
 from trtpd.sim.workload import RequestArrays
 
 Counts = tuple[int, int]
@@ -49,8 +52,8 @@ def cluster_for(prefill: PrefillCandidate, decode: DecodeCandidate, num_prefill:
 @dataclass(frozen=True)
 class Trial:
     counts: Counts
-    summary: SimSummary
-    attainment: float
+    summary: SimSummary | None    # None: stopped once it was certain to fail (its figures are not used)
+    attainment: float             # stopped early: the share of the requests decided by then that met the SLO
     passed: bool
     ttft_q_s: float           # simulated TTFT and TPOT at the SLO's percentile
     tpot_q_s: float
@@ -67,7 +70,7 @@ class Verdict:
     ttft_q_s: float
     tpot_q_s: float
     num_simulations: int
-    history: tuple[tuple[int, int, float], ...]    # (prefill, decode, attainment) per simulation
+    history: tuple[tuple[int, int, float], ...]    # (prefill, decode, attainment) per simulation (Trial's)
 
 
 def _trial(counts: Counts, run: SimRun, slo: Slo, warmup_s: float) -> Trial:
@@ -86,18 +89,27 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
            requests: RequestArrays, slo: Slo, tokens_per_block: int, first_token_at: str,
            analytic_q: Callable[[Counts], tuple[float, float]], propose: Propose | None = None,
            is_stable: Callable[[Counts], bool] = lambda c: True, max_gpus: int | None = None,
-           try_fewer: bool = True, max_simulations: int = 5, warmup_s: float = 0.0) -> Verdict:
+           try_fewer: bool = True, max_simulations: int = 5, warmup_s: float = 0.0,
+           decide_early: bool = True) -> Verdict:
+    """decide_early: a trimmed configuration's simulation stops once its failure is certain."""
     trials: dict[Counts, Trial] = {}
     order: list[Counts] = []
 
     def gpus(c: Counts) -> int:
         return c[0] * prefill.tp + c[1] * decode.tp
 
-    def run(c: Counts) -> Trial:
+    def run(c: Counts, early: bool = False) -> Trial:
+        """early: only pass or fail is needed, unless it passes."""
         if c not in trials:
             cluster = cluster_for(prefill, decode, c[0], c[1], link, tokens_per_block, first_token_at)
-            run_ = simulate(cluster, requests, max_in_system=default_max_in_system(cluster))
-            trials[c] = _trial(c, run_, slo, warmup_s)
+            sim = Simulator(cluster, requests, max_in_system=default_max_in_system(cluster))
+            watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=warmup_s,
+                                    response_latency_s=cluster.response_latency_s) if early else None
+            if watch is not None and not sim.run_until_decided(watch) and watch.passed is False:
+                met, missed = watch.num_met, watch.num_missed
+                trials[c] = Trial(c, None, met / (met + missed), False, math.inf, math.inf, 1.0, 1.0)
+            else:
+                trials[c] = _trial(c, sim.run(), slo, warmup_s)
             order.append(c)
         return trials[c]
 
@@ -115,7 +127,7 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
             candidate = proposed
     t = run(candidate)
     while not t.passed and len(trials) < max_simulations:        # reach a passing configuration
-        b = t.summary.ttft_breakdown
+        b = t.summary.ttft_breakdown if t.summary is not None else None
         decode_side = b is not None and b.decode_queue_s > b.prefill_queue_s
         bump = (t.counts[0], t.counts[1] + 1) if (t.tpot_miss > t.ttft_miss or decode_side) \
             else (t.counts[0] + 1, t.counts[1])
@@ -127,11 +139,12 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
         for role in (0, 1):
             while len(trials) < max_simulations:
                 smaller = (best[0] - 1, best[1]) if role == 0 else (best[0], best[1] - 1)
-                if not allowed(smaller) or not run(smaller).passed:
+                if not allowed(smaller) or not run(smaller, decide_early).passed:
                     break
                 best = smaller
     passing = [trials[c] for c in order if trials[c].passed]
     best = min(passing, key=lambda t: (gpus(t.counts), -t.attainment)) if passing else trials[order[-1]]
     history = tuple((c[0], c[1], trials[c].attainment) for c in order)
+    assert best.summary is not None           # only a trimmed configuration that failed stops early
     return Verdict(best.counts[0], best.counts[1], best.summary, best.passed, best.ttft_q_s, best.tpot_q_s,
                    len(order), history)

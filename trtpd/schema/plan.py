@@ -45,7 +45,9 @@ Schema `trtpd/v1`, kind `Plan` (YAML; every field is listed in configs/plans/REA
     expected: {ttft_p_s, tpot_p_s, decode_batch_mean, prefill_utilization,   # analytic, at the target,
                ttft_correction, tpot_correction}                              # scaled to the simulation
     verification: {num_requests, rate_per_s, ttft_s: {mean,p50,p90,p99}, tpot_s: {...},
-                   slo_attainment, passed, ttft_breakdown_s: {...}, simulations: [[P, D, attainment]]}
+                   slo_attainment, passed, ttft_breakdown_s: {...},
+                   simulations: [[P, D, attainment]]}   # a trim that failed stopped once that was certain:
+                                                        # its share of the requests decided by then
     seed004: {...}                # seed 004's first pass on the same performance curves, for comparison
     colocated: {num_instances, tp, policy, max_batch_size, max_num_tokens, max_input_len, max_seq_len,
                 kv_capacity_tokens, perf_source}          # the best colocated configuration (optional)

@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import pytest
 
 from trtpd.errors import ConfigError
@@ -86,3 +88,24 @@ def test_verification_never_trims_into_an_unstable_configuration(chat_problem):
     assert not cfg.is_stable(unguarded.num_prefill, unguarded.num_decode, 200.0)   # the trap is real
     guarded = run(lambda counts: cfg.is_stable(counts[0], counts[1], 200.0))
     assert cfg.is_stable(guarded.num_prefill, guarded.num_decode, 200.0)
+
+
+def test_a_trimmed_configuration_that_fails_stops_early_with_the_same_verdict(chat_problem):
+    """Trimming stops at the first configuration that fails; its simulation stops as soon as the failure is
+    certain. The verdict (counts, figures, the other trials) is the one of running it to the end; the stopped
+    trial's figure is the share of the requests decided by then that met the SLO, under the target."""
+    from trtpd.planner.make import _verified
+    from trtpd.planner.search import plan_search
+    problem = chat_problem(200.0)
+    result = plan_search(problem)
+    options = VerifyOptions(num_requests=3000)
+    early = _verified(problem, result, result.choice, 200.0, options)[1]
+    full = _verified(problem, plan_search(problem), result.choice, 200.0, replace(options, decide_early=False))[1]
+    assert (early.num_prefill, early.num_decode, early.passed, early.summary) == \
+        (full.num_prefill, full.num_decode, full.passed, full.summary)
+    assert [h[:2] for h in early.history] == [h[:2] for h in full.history]
+    stopped = [(e[2], f[2]) for e, f in zip(early.history, full.history) if e[2] != f[2]]
+    assert len(stopped) == 1, (early.history, full.history)    # the last trim, which failed
+    assert early.history[:-1] == full.history[:-1]
+    share, attainment = stopped[0]
+    assert share < problem.slo.attainment and attainment < problem.slo.attainment
