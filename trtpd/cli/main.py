@@ -20,14 +20,16 @@ COMMANDS = ("build", "render", "lint", "plan", "simulate", "profile", "up", "dow
             "history", "demo", "bench")
 
 
-def build_parser() -> Parser:
+def build_parser(commands: tuple[str, ...] = COMMANDS) -> Parser:
+    """The parser of `commands` (all by default; main() builds only the command it runs, so that a command's
+    start does not import every other command's module)."""
     parser = Parser(
         prog="trtpd",
         description="Prefill/decode disaggregated LLM serving on TensorRT-LLM 1.2.x and Triton Inference Server.",
     )
     parser.add_argument("--version", action="version", version=f"trtpd {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in commands:
         try:
             module = importlib.import_module(f"trtpd.cli.{name}")
         except ModuleNotFoundError as exc:
@@ -50,7 +52,7 @@ def _validation_message(exc: Exception) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser((argv[0],) if argv and argv[0] in COMMANDS else COMMANDS)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

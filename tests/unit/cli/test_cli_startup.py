@@ -58,3 +58,19 @@ def test_the_probe_sees_torch_when_it_is_imported(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import torch, sys; " + PROBE.replace("import sys\n", ""),
                            "--version"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert "HEAVY torch" in proc.stderr
+
+
+def test_a_command_loads_only_its_own_module(tmp_path):
+    """`trtpd plan ...` builds only plan's parser: no other command's module (status pulls in urllib and
+    http.client, about 30 ms); `trtpd --help` and an unknown command still see every command."""
+    probe = ("import sys\nfrom trtpd.cli.main import build_parser, main\n"
+             "main(sys.argv[1:]) if sys.argv[1:] else build_parser()\n"
+             "print('CLI', ','.join(sorted(m for m in sys.modules if m.startswith('trtpd.cli.'))), file=sys.stderr)\n")
+
+    def cli_modules(*argv: str) -> set[str]:
+        proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120)
+        return set([ln for ln in proc.stderr.splitlines() if ln.startswith("CLI ")][-1].split()[1].split(","))
+    own = cli_modules("plan", "--method", "seed004", "--tokens-per-min", "5e6")
+    assert "trtpd.cli.plan" in own and not own & {"trtpd.cli.status", "trtpd.cli.up", "trtpd.cli.build"}, own
+    assert {"trtpd.cli.plan", "trtpd.cli.status", "trtpd.cli.build"} <= cli_modules()
