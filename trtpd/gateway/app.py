@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 from pydantic import ValidationError
 
 from trtpd.gateway.config import GatewayConfig
@@ -69,18 +70,34 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
         metrics.requests.labels(request.url.path, str(exc.status)).inc()
         return _error(exc)
 
-    @app.middleware("http")
-    async def _limits(request: Request, call_next):
-        length = request.headers.get("content-length")
+    def _refusal(scope) -> ApiError | None:
+        """A body over the limit, or a /v1/ request without a valid API key."""
+        headers = Headers(scope=scope)
+        length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            return _error(ApiError(f"request body of {length} bytes is over the limit of {config.max_body_bytes}",
-                                   "too_large"))
-        if config.api_keys and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            return ApiError(f"request body of {length} bytes is over the limit of {config.max_body_bytes}", "too_large")
+        if config.api_keys and scope["path"].startswith("/v1/"):
+            given = headers.get("authorization", "").removeprefix("Bearer ").strip()
             if not any(hmac.compare_digest(given, k) for k in config.api_keys):
-                return _error(ApiError("missing or wrong API key: send `Authorization: Bearer <key>`",
-                                       "unauthorized", code="invalid_api_key"))
-        return await call_next(request)
+                return ApiError("missing or wrong API key: send `Authorization: Bearer <key>`", "unauthorized",
+                                code="invalid_api_key")
+        return None
+
+    class _Limits:
+        """_refusal's check before routing, as plain ASGI (starlette's BaseHTTPMiddleware runs every request,
+        and every streamed chunk, through a task group and a memory stream)."""
+
+        def __init__(self, app) -> None:
+            self.app = app
+
+        async def __call__(self, scope, receive, send) -> None:
+            refused = _refusal(scope) if scope["type"] == "http" else None
+            if refused is None:
+                await self.app(scope, receive, send)
+            else:
+                await _error(refused)(scope, receive, send)
+
+    app.add_middleware(_Limits)
 
     def _admin(request: Request) -> None:
         given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()

@@ -114,14 +114,16 @@ class RoleClient:
             await done.wait()    # keep the stream open until the final response came
 
         responses = self.client.stream_infer(inputs_iterator=requests())
+        complete = False
         try:
             async for result, error in responses:
                 if error is not None:
                     message = error.message() if isinstance(error, InferenceServerException) else str(error)
                     raise _role_error(message, self.name)
-                yield _chunk(result)
                 final = result.get_response().parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
+                complete = final is not None and final.bool_param
+                yield _chunk(result)
+                if complete:
                     return
             raise RoleError(f"instance {self.name} closed the stream before the final response", "unavailable",
                             self.name, transport=True)
@@ -141,8 +143,13 @@ class RoleClient:
             raise RoleError(f"instance {self.name}: the call was cancelled (its connection closed)", "unavailable",
                             self.name, transport=True) from None
         finally:
+            # the request stream ends (half-close) once done is set; a call that did not get its final response
+            # (an error, or the consumer stopped early) is cancelled, so that the instance frees its KV at once.
+            # A complete one is not: cancelling it would fail the request stream's writer, which grpc then
+            # formats a traceback for, at every request
             done.set()
-            responses.cancel()
+            if not complete:
+                responses.cancel()
 
 
 def _chunk(result) -> RoleChunk:
