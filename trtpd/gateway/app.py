@@ -178,7 +178,8 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
             log.exception("request %s failed", shape.id)
             raise ApiError(f"internal error: {type(exc).__name__}: {exc}", "internal") from None
         metrics.requests.labels(request.url.path, "200").inc()
-        return shape.whole(text, reason, len(prompt_ids), stream.num_tokens)
+        # JSON-native already: a response as it is (FastAPI would walk the dict through jsonable_encoder)
+        return JSONResponse(shape.whole(text, reason, len(prompt_ids), stream.num_tokens))
 
     async def _sse(stream: "_Generation", shape: ResponseShape, include_usage: bool, path: str):
         first = True
