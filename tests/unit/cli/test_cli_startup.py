@@ -74,3 +74,26 @@ def test_a_command_loads_only_its_own_module(tmp_path):
     own = cli_modules("plan", "--method", "seed004", "--tokens-per-min", "5e6")
     assert "trtpd.cli.plan" in own and not own & {"trtpd.cli.status", "trtpd.cli.up", "trtpd.cli.build"}, own
     assert {"trtpd.cli.plan", "trtpd.cli.status", "trtpd.cli.build"} <= cli_modules()
+
+
+def test_the_quick_exit_keeps_every_line_the_file_and_the_status(tmp_path, capsys):
+    """`trtpd plan` ends without the interpreter's teardown (trtpd.cli.main.entry): what it printed into a pipe
+    (block-buffered) is what main() prints in process, the file it wrote is whole, and its exit status is
+    plan's own (3: infeasible)."""
+    import os
+
+    from trtpd.cli.main import main
+    from trtpd.schema.plan import load_plan
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}   # stdout block-buffered, as usual
+    out = tmp_path / "plan.yaml"
+    argv = ["plan", "--rate-per-s", "5", "--no-verify", "--no-colocated", "-o", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "trtpd.cli.main", *argv], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith(f"wrote {out}") and load_plan(out).feasible
+    infeasible = ["plan", "--rate-per-s", "5", "--tpot-s", "0.0001", "--no-verify", "--yaml"]
+    proc = subprocess.run([sys.executable, "-m", "trtpd.cli.main", *infeasible], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, env=env)
+    assert main(infeasible) == 3 and proc.returncode == 3
+    assert proc.stdout == capsys.readouterr().out and "binding_constraint: tpot" in proc.stdout
