@@ -153,11 +153,20 @@ class ServerProcess:
         return bool(self.start_time) and now is not None and now != self.start_time
 
     def is_ready(self, timeout_s: float = 1.0) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=timeout_s) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            return False
+        return _answers_200(f"http://{self.http_url}/v2/health/ready", timeout_s)
+
+    def metrics_ready(self, timeout_s: float = 1.0) -> bool:
+        """The metrics endpoint answers: tritonserver starts it after the HTTP endpoint, so a server can say
+        ready a moment before its metrics (which the gateway and the controller read) can be read."""
+        return _answers_200(self.metrics_url, timeout_s)
+
+
+def _answers_200(url: str, timeout_s: float) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
 
 
 def log_tail(path: str | Path, num_lines: int = 30) -> str:
@@ -225,9 +234,10 @@ def _pin(cpus: list[int]):
 
 
 def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 0.2) -> None:
+    """Until the server says ready and its metrics endpoint answers too."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.is_ready():
+        if server.is_ready() and server.metrics_ready():
             return
         if not server.is_alive():
             raise ServerError(f"tritonserver exited during startup; last log lines ({server.log_path}):\n"
