@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-import urllib.request
 from typing import Protocol
 
 from trtpd.engine.engine_config import EngineConfig, Role
@@ -43,28 +41,13 @@ class LocalStarter:
         return start_instance(self.spec, fleet, plan)
 
     def wait_ready(self, inst: InstanceRecord, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
         try:
-            wait_ready(inst.server, timeout_s)
+            wait_ready(inst.server, timeout_s)   # HTTP ready and the metrics endpoint answering
         except TrtpdError as exc:
             raise TrtpdError(f"instance {inst.name} ({inst.role}): {exc}") from None
-        # Triton opens its metrics port a moment after HTTP answers ready; routers and status read it
-        while not _answers(inst.metrics_url):
-            if time.monotonic() > deadline or not inst.server.is_alive():
-                raise TrtpdError(f"instance {inst.name} ({inst.role}): metrics endpoint {inst.metrics_url} does "
-                                 f"not answer; see {inst.server.log_path}")
-            time.sleep(0.05)
 
     def stop(self, inst: InstanceRecord) -> None:
         stop_server(inst.server, DOWN_TIMEOUT_S)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
 
 
 def fleet_mode(prefill: int, decode: int, colocated: int) -> str:

@@ -120,9 +120,9 @@ class RoleClient:
                 if error is not None:
                     message = error.message() if isinstance(error, InferenceServerException) else str(error)
                     raise _role_error(message, self.name)
-                final = result.get_response().parameters.get("triton_final_response")
-                complete = final is not None and final.bool_param
-                yield _chunk(result)
+                chunk = _chunk(result)
+                complete = chunk.final
+                yield chunk
                 if complete:
                     return
             raise RoleError(f"instance {self.name} closed the stream before the final response", "unavailable",
