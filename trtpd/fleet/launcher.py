@@ -8,6 +8,8 @@ instance this call started.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import signal
 from typing import Protocol
@@ -20,9 +22,10 @@ from trtpd.fleet.instance import (ENTRY, InstancePlan, assign_cpus, instance_fol
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.repo.reference import KEY_FILE, ReferenceDeployment, check_pair
 from trtpd.serving import deployment, stub_watch
-from trtpd.serving.tritonserver import stop_server, wait_ready
+from trtpd.serving.tritonserver import START_ATTEMPTS, ServerStartError, start_retry_reason, stop_server, wait_ready
 
 DOWN_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
+log = logging.getLogger(__name__)
 
 
 class Starter(Protocol):
@@ -43,6 +46,9 @@ class LocalStarter:
     def wait_ready(self, inst: InstanceRecord, timeout_s: float) -> None:
         try:
             wait_ready(inst.server, timeout_s)   # HTTP ready and the metrics endpoint answering
+        except ServerStartError as exc:
+            raise ServerStartError(f"instance {inst.name} ({inst.role}): {exc}", exc.returncode, exc.log_text) \
+                from None
         except TrtpdError as exc:
             raise TrtpdError(f"instance {inst.name} ({inst.role}): {exc}") from None
 
@@ -102,19 +108,17 @@ def fleet_up(name: str, spec: ReferenceDeployment, *, prefill: int = 0, decode: 
         for wave in plan_waves(prefill, decode, colocated, cpus):
             started = []
             for plan in wave:
-                started.append(starter.start(fleet, plan))
-                fleet.instances.append(started[-1])
+                started.append((plan, starter.start(fleet, plan)))
+                fleet.instances.append(started[-1][1])
                 fleet.save()
-            for inst in started:
-                starter.wait_ready(inst, timeout_s)
+            for plan, inst in started:
+                ready_or_restarted(starter, fleet, plan, inst, timeout_s)
         if triton_entry:
-            used = {p for i in fleet.instances
-                    for p in (i.server.ports.http, i.server.ports.grpc, i.server.ports.metrics)}
             plan = InstancePlan(ENTRY, ENTRY, sorted(os.sched_getaffinity(0) if cpus is None else cpus),
-                                pick_ports(used))
+                                pick_ports(used_ports(fleet)))
             fleet.instances.append(starter.start(fleet, plan))
             fleet.save()
-            starter.wait_ready(fleet.instances[-1], timeout_s)
+            ready_or_restarted(starter, fleet, plan, fleet.instances[-1], timeout_s)
     except BaseException:
         for inst in reversed(fleet.instances):
             try:
@@ -124,6 +128,37 @@ def fleet_up(name: str, spec: ReferenceDeployment, *, prefill: int = 0, decode: 
         fleet.path.unlink(missing_ok=True)
         raise
     return fleet
+
+
+def used_ports(fleet: FleetRecord) -> set[int]:
+    """Every port the fleet's instances were given (Triton's three, a prefill's KV port)."""
+    used = {p for i in fleet.instances for p in (i.server.ports.http, i.server.ports.grpc, i.server.ports.metrics)}
+    return used | {int(i.kv_bind.rsplit(":", 1)[1]) for i in fleet.instances if i.kv_bind}
+
+
+def ready_or_restarted(starter: Starter, fleet: FleetRecord, plan: InstancePlan, inst: InstanceRecord,
+                       timeout_s: float) -> InstanceRecord:
+    """Waits until `inst` is ready. One that crashed while starting, or lost a port to another program before it
+    could listen on it (start_retry_reason), is stopped and started again with new ports, up to START_ATTEMPTS
+    starts; it takes the same place in fleet.json. Returns the instance that became ready."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            starter.wait_ready(inst, timeout_s)
+            return inst
+        except ServerStartError as exc:
+            reason = start_retry_reason(exc.returncode, exc.log_text, ports_picked=True)
+            if reason is None or attempt == START_ATTEMPTS:
+                raise
+            log.warning("instance %s (%s) failed to start: %s; starting it again (%d of %d)",
+                        inst.name, inst.role, reason, attempt + 1, START_ATTEMPTS)
+        starter.stop(inst)
+        used = used_ports(fleet)
+        plan = dataclasses.replace(plan, ports=pick_ports(used), kv_port=pick_port(used) if plan.kv_port else 0)
+        place = fleet.instances.index(inst)
+        inst = starter.start(fleet, plan)
+        fleet.instances[place] = inst
+        fleet.save()
+    raise AssertionError("unreachable")
 
 
 def _check_name_free(name: str, replace: bool) -> None:

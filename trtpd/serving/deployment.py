@@ -18,8 +18,8 @@ from trtpd.errors import TrtpdError
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.repo.reference import render_reference_repository
 from trtpd.serving import stub_watch
-from trtpd.serving.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, stop_server,
-                                        wait_ready)
+from trtpd.serving.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, start_until_ready,
+                                        stop_server)
 
 # tritonserver's own exit timeout is 3 s (tritonserver.EXIT_TIMEOUT_S) for in-flight requests; a server still
 # finalizing its python stubs 1 s after that is killed (its group too), so `down` ends in seconds under load
@@ -103,16 +103,22 @@ def up(name: str, spec: ReferenceDeployment, *, ports: ServerPorts | None = None
     folder.mkdir(parents=True, exist_ok=True)
     stub_watch.clear_state(folder)
     repo = render_reference_repository(spec, folder / "repo", overwrite=True)
-    server = start_server(repo, folder, ports=ports, log_path=folder / "tritonserver.log")
-    dep = Deployment(name, spec.mode, server, time.time(), str(spec.build_root))
-    dep.save()
+    deployments: list[Deployment] = []
+
+    def start(chosen: ServerPorts | None) -> ServerProcess:
+        if deployments:               # a start again: nothing of the one that failed may mislead its stubs
+            stub_watch.clear_state(folder)
+        server = start_server(repo, folder, ports=chosen, log_path=folder / "tritonserver.log")
+        deployments.append(Deployment(name, spec.mode, server, time.time(), str(spec.build_root)))
+        deployments[-1].save()        # named on disk at once: `trtpd down` finds it whatever happens next
+        return server
+
     try:
-        wait_ready(server, timeout_s)
+        start_until_ready(start, ports, timeout_s)
     except BaseException:
-        stop_server(server)
         (folder / "deployment.json").unlink(missing_ok=True)
         raise
-    return dep
+    return deployments[-1]
 
 
 def clean_leftovers(server: ServerProcess) -> None:

@@ -271,36 +271,60 @@ class StubWatch:
 
 
 # ---- leftovers of a server that is gone (trtpd down, trtpd up after a crash) -----------------
-def leftover_stubs(repo: str, since: int) -> list[int]:
-    """Python-backend stubs serving a model of `repo` that started at or after `since` (clock ticks)."""
+def leftover_stubs(repo: str, since: int) -> dict[int, int]:
+    """Python-backend stubs serving a model of `repo` that started at or after `since` (clock ticks): pid ->
+    start time, so the caller signals exactly those processes and never one that got a pid of theirs later."""
     marker = str(repo).rstrip("/") + "/"
-    found = []
+    found = {}
     for pid in all_pids():
         if pid == os.getpid():
             continue
+        started = start_time(pid)
         cmd = cmdline(pid)
-        if "triton_python_backend_stub" in cmd and marker in cmd:
-            started = start_time(pid)
-            if started is not None and started >= since:
-                found.append(pid)
+        # (start time read before the command line: a pid reused in between shows the new command, not ours)
+        if "triton_python_backend_stub" in cmd and marker in cmd and started is not None and started >= since \
+                and start_time(pid) == started:
+            found[pid] = started
     return found
 
 
-def kill_and_wait(pids: list[int], timeout_s: float = 5.0) -> list[int]:
-    """SIGKILLs each process by pid (checked by start time, so a reused pid is spared) and waits until they
-    are gone; returns the ones still there after `timeout_s`."""
-    started = {pid: start_time(pid) for pid in pids}
-    for pid, st in started.items():
-        if st is not None and is_running(pid, st):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+def signal_exact(pid: int, started: int | None, sig: int) -> bool:
+    """Sends `sig` to the process `pid` only if it is the one that started at `started`. Through a pidfd
+    (Linux 5.3+): once opened it names one process, so checking its start time and signalling it cannot race
+    with the pid being reused in between (a plain check-then-kill can). Returns whether it was signalled."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):      # no pidfds here: check, then kill
+        if not is_running(pid, started):
+            return False
+        try:
+            os.kill(pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    try:
+        if not is_running(pid, started):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def kill_and_wait(procs: dict[int, int], timeout_s: float = 5.0) -> list[int]:
+    """SIGKILLs each process (pid -> its start time: a pid that now belongs to another process is spared) and
+    waits until they are gone; returns the ones still there after `timeout_s`."""
+    for pid, started in procs.items():
+        signal_exact(pid, started, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    left = [p for p, st in started.items() if st is not None and is_running(p, st)]
+    left = [p for p, st in procs.items() if is_running(p, st)]
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = [p for p in left if is_running(p, started[p])]
+        left = [p for p in left if is_running(p, procs[p])]
     return left
 
 
@@ -360,7 +384,7 @@ def guard(stub_pid: int, stub_start: int, server_pid: int, server_start: int, st
     repo = server_repo(server_pid)
     while is_running(stub_pid, stub_start):
         if not is_running(server_pid, server_start):
-            kill_and_wait([stub_pid])
+            kill_and_wait({stub_pid: stub_start})
             for path in (Path(state_dir) / "stubs").glob(f"*-{stub_pid}.json"):
                 path.unlink(missing_ok=True)
             remove_shm(os.environ.get(SHM_ENV, ""))

@@ -9,7 +9,9 @@ and ssl-using packages fail (environment.md, python-backend pitfalls 1 and 2).
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -19,6 +21,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,10 +31,41 @@ SHM_DIR = Path("/dev/shm")
 SHM_POOL_BYTES = 64 << 20
 SHM_GROWTH_BYTES = 16 << 20
 EXIT_TIMEOUT_S = 3
+START_ATTEMPTS = 2        # a start-up that crashed, or lost a port it was given, is tried once more
+PORT_TAKEN = "already in use"      # tritonserver's words when it cannot listen on a port
+LISTEN_PORTS_LOW = 20000           # ports trtpd picks lie from here up to just below the kernel's ephemeral range
+log = logging.getLogger(__name__)
 
 
 class ServerError(TrtpdError):
     """tritonserver failed to start or stop."""
+
+
+class ServerStartError(ServerError):
+    """tritonserver exited while starting. `returncode`: how (negative: the signal that killed it; None when
+    this process did not start it); `log_text`: what this start wrote to its log."""
+
+    def __init__(self, message: str, returncode: int | None = None, log_text: str = "") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.log_text = log_text
+
+
+def start_retry_reason(returncode: int | None, log_text: str, ports_picked: bool) -> str | None:
+    """Why a start-up that failed is worth one more try, or None: a configuration error (a model that does not
+    load, a port the user named that is taken) fails the same way again and is reported at once.
+    - it crashed (killed by a signal): the python backend of this Triton release aborts now and then while
+      its stubs start (boost::interprocess::lock_exception, upstream triton-inference-server/server#8882);
+    - a port picked for it (`ports_picked`) was taken by another program before tritonserver listened on it."""
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"it crashed ({name})"
+    if ports_picked and PORT_TAKEN in log_text:
+        return "a port picked for it was taken before it could listen on it"
+    return None
 
 
 def pytriton_dir() -> Path:
@@ -76,7 +110,40 @@ def server_env() -> dict[str, str]:
     return env
 
 
+def ephemeral_port_range() -> tuple[int, int]:
+    """The ports the kernel hands out by itself (outgoing connections, bind to port 0)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999        # Linux's default
+
+
+def listen_port_candidates(ephemeral: tuple[int, int]) -> range | None:
+    """Where trtpd picks the ports its servers listen on: outside the ephemeral range, so no connection the
+    kernel makes meanwhile (a client's, a stub's) takes a port between its pick and the server's bind (the
+    server binds seconds later, once its models loaded). None: the range leaves no room below it."""
+    low, high = LISTEN_PORTS_LOW, ephemeral[0] - 1
+    return range(low, high + 1) if high - low >= 1000 else None
+
+
+def _bindable(port: int, host: str) -> bool:
+    with socket.socket() as s:      # (no SO_REUSEADDR: a port with connections in TIME_WAIT counts as taken)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, picked at random outside the kernel's ephemeral range
+    (listen_port_candidates); the kernel's own pick where that range leaves no room."""
+    candidates = listen_port_candidates(ephemeral_port_range())
+    for _ in range(100 if candidates else 0):
+        port = candidates[secrets.randbelow(len(candidates))]
+        if _bindable(port, host):
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -141,6 +208,21 @@ class ServerProcess:
     def from_dict(cls, d: dict) -> "ServerProcess":
         return cls(**{**d, "ports": ServerPorts(**d["ports"])})
 
+    def exit_status(self) -> int | None:
+        """How the tritonserver this process started ended: its return code (negative: the signal that killed
+        it); None while it runs, or when another process started it."""
+        popen = getattr(self, "_popen", None)      # (set by start_server; not a field, never saved)
+        return None if popen is None else popen.poll()
+
+    def log_since_start(self) -> str:
+        """What this start of the server wrote to its log (the log file is appended to by every start)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(getattr(self, "_log_offset", 0))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
     def is_alive(self) -> bool:
         """Our tritonserver still runs: the pid exists, is no zombie and started when ours did."""
         from trtpd.serving.stub_watch import is_running
@@ -194,7 +276,9 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
         if not port_is_free(port, host):
             raise ServerError(f"{name} port {port} on {host} is in use; pick another or omit it to choose a free one")
     log_path = Path(log_path or state_dir / "tritonserver.log")
-    shm_prefix = f"trtpd{ports.http}_"
+    # the port tells whose files they are; the token keeps them apart from those of an earlier server that had
+    # the same port, whose cleanup (stop_server, a stub's guard) may still be running
+    shm_prefix = f"trtpd{ports.http}_{secrets.token_hex(3)}_"
     cmd = [str(tritonserver_binary()), f"--model-repository={Path(repo).resolve()}",
            f"--backend-directory={backends}", f"--http-address={host}", f"--grpc-address={host}",
            f"--metrics-address={host}", f"--http-port={ports.http}", f"--grpc-port={ports.grpc}",
@@ -209,6 +293,7 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
            f"--exit-timeout-secs={EXIT_TIMEOUT_S}", *(extra_args or [])]
     log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     os.fchmod(log_fd, 0o600)
+    log_offset = os.fstat(log_fd).st_size
     with os.fdopen(log_fd, "ab") as log:
         log.write(("\n$ " + " ".join(cmd) + " [+ restricted-API flags, hidden]\n").encode())
         log.flush()
@@ -224,8 +309,10 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
                                 env=env, cwd=state_dir, start_new_session=True, umask=0o077,
                                 preexec_fn=_pin(cpus) if cpus else None)
     from trtpd.serving.stub_watch import start_time
-    return ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix,
-                         str(admin_key_file), start_time(proc.pid) or 0)
+    server = ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix,
+                           str(admin_key_file), start_time(proc.pid) or 0)
+    server._popen, server._log_offset = proc, log_offset   # its exit status, and where its log begins
+    return server
 
 
 def _pin(cpus: list[int]):
@@ -240,41 +327,66 @@ def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 
         if server.is_ready() and server.metrics_ready():
             return
         if not server.is_alive():
-            raise ServerError(f"tritonserver exited during startup; last log lines ({server.log_path}):\n"
-                              f"{log_tail(server.log_path)}")
+            code = server.exit_status()
+            how = "" if code is None else (f" (killed by signal {-code})" if code < 0 else f" (exit code {code})")
+            raise ServerStartError(f"tritonserver exited during startup{how}; last log lines ({server.log_path}):\n"
+                                   f"{log_tail(server.log_path)}", code, server.log_since_start())
         time.sleep(poll_s)
     raise ServerError(f"tritonserver not ready after {timeout_s:.0f} s; last log lines ({server.log_path}):\n"
                       f"{log_tail(server.log_path)}")
+
+
+def start_until_ready(start: Callable[[ServerPorts | None], ServerProcess], ports: ServerPorts | None = None,
+                      timeout_s: float = 120.0, attempts: int = START_ATTEMPTS) -> ServerProcess:
+    """`start(ports)` and wait_ready; a start-up that failed for a reason worth another try (start_retry_reason)
+    is cleaned up and started again, up to `attempts` starts (with `ports` None, each start picks its own).
+    Any other failure stops what was started and raises."""
+    for attempt in range(1, attempts + 1):
+        server = start(ports)
+        try:
+            wait_ready(server, timeout_s)
+            return server
+        except ServerStartError as exc:
+            stop_server(server)     # its stubs and /dev/shm files
+            reason = start_retry_reason(exc.returncode, exc.log_text, ports is None)
+            if reason is None or attempt == attempts:
+                raise
+            log.warning("tritonserver (pid %d, log %s) failed to start: %s; starting it again (%d of %d)",
+                        server.pid, server.log_path, reason, attempt + 1, attempts)
+        except BaseException:
+            stop_server(server)
+            raise
+    raise AssertionError("unreachable")
 
 
 def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
     """SIGTERM, wait for exit (python stubs shut down cleanly), SIGKILL the group if it hangs; then SIGKILL
     (by pid) any stub of its repository still there and remove its /dev/shm files. A pid that is no longer
     this server (start time differs) is never signalled."""
-    from trtpd.serving.stub_watch import kill_and_wait, leftover_stubs
-    if server.is_alive():
-        try:
-            os.kill(server.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    from trtpd.serving.stub_watch import kill_and_wait, leftover_stubs, signal_exact
+    if signal_exact(server.pid, server.start_time or None, signal.SIGTERM):
         deadline = time.monotonic() + timeout_s
         while server.is_alive() and time.monotonic() < deadline:
-            _reap(server.pid)
+            _reap(server)
             time.sleep(0.1)
         if server.is_alive():
             try:
                 os.killpg(server.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            _reap(server.pid)
-    _reap(server.pid)
+            _reap(server)
+    _reap(server)
     kill_and_wait(leftover_stubs(server.repo, server.start_time))
     for leftover in SHM_DIR.glob(f"{server.shm_prefix}*"):
         leftover.unlink(missing_ok=True)
 
 
-def _reap(pid: int) -> None:
+def _reap(server: ServerProcess) -> None:
+    """Collects the exit status of a server this process started (no zombie is left)."""
+    if getattr(server, "_popen", None) is not None:
+        server.exit_status()
+        return
     try:
-        os.waitpid(pid, os.WNOHANG)
+        os.waitpid(server.pid, os.WNOHANG)
     except ChildProcessError:
         pass

@@ -15,17 +15,20 @@ from trtpd.fleet.records import InstanceRecord
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.serving import stub_watch
 from trtpd.serving.stub_watch import StubEntry
-from trtpd.serving.tritonserver import ServerProcess
+from trtpd.serving.tritonserver import ServerProcess, ServerStartError
 
 
 class FakeStarter:
-    def __init__(self, fail_on: str | None = None):
+    def __init__(self, fail_on: str | None = None, start_failures: dict[str, list[ServerStartError]] | None = None):
         self.events: list[tuple[str, str, int]] = []    # (what, instance, instances in fleet.json then)
         self.fail_on = fail_on
+        self.start_failures = start_failures or {}      # instance -> how its next starts exit, in turn
+        self.ports: list[tuple[str, int, int]] = []      # (instance, HTTP port, KV port) of every start
 
     def start(self, fleet, plan):
         on_disk = len(records.load_fleet(fleet.name).instances)
         self.events.append(("start", plan.name, on_disk))
+        self.ports.append((plan.name, plan.ports.http, plan.kv_port))
         server = ServerProcess(100000 + len(self.events), "127.0.0.1", plan.ports, "/repo", "/log", "p_")
         kv = f"127.0.0.1:{plan.kv_port}" if plan.kv_port else ""
         return InstanceRecord(plan.name, plan.role, plan.role, server, "/e", "shm", kv, kv, plan.cpus, 1, 1, 1, 1)
@@ -34,6 +37,8 @@ class FakeStarter:
         self.events.append(("ready", inst.name, len(records.load_fleet("f").instances)))
         if inst.name == self.fail_on:
             raise TrtpdError(f"{inst.name} never became ready")
+        if self.start_failures.get(inst.name):
+            raise self.start_failures[inst.name].pop(0)
 
     def stop(self, inst):
         self.events.append(("stop", inst.name, -1))
@@ -63,6 +68,42 @@ def test_a_failed_start_stops_everything_started_and_removes_the_record(home, fp
     with pytest.raises(TrtpdError, match="prefill-0 never became ready"):
         fleet_up("f", ReferenceDeployment(fp16_root), prefill=1, decode=2, starter=starter)
     assert [e[1] for e in starter.events if e[0] == "stop"] == ["prefill-0", "decode-1", "decode-0"]
+    assert not records.is_fleet("f")
+
+
+def test_an_instance_that_crashed_or_lost_a_port_while_starting_is_started_again(home, fp16_root):
+    crashed = ServerStartError("tritonserver exited during startup (killed by signal 6)", -6,
+                               "terminate called after throwing an instance of 'boost::interprocess::lock_exception'")
+    port_taken = ServerStartError("tritonserver exited during startup (exit code 1)", 1,
+                                  "failed to start Metrics service: Unavailable - Socket '127.0.0.1:1' already in use")
+    starter = FakeStarter(start_failures={"decode-0": [crashed], "prefill-0": [port_taken]})
+    fleet = fleet_up("f", ReferenceDeployment(fp16_root), prefill=1, decode=1, starter=starter)
+    assert [(e[0], e[1]) for e in starter.events] == [
+        ("start", "decode-0"), ("ready", "decode-0"), ("stop", "decode-0"), ("start", "decode-0"), ("ready", "decode-0"),
+        ("start", "prefill-0"), ("ready", "prefill-0"), ("stop", "prefill-0"), ("start", "prefill-0"),
+        ("ready", "prefill-0")]
+    on_disk = records.load_fleet("f").instances
+    assert [i.name for i in on_disk] == ["decode-0", "prefill-0"]          # the new start took the old one's place
+    assert [i.server.pid for i in on_disk] == [i.server.pid for i in fleet.instances]
+    http = [port for _, port, _ in starter.ports]
+    assert len(set(http)) == 4 and on_disk[1].server.ports.http == http[-1]   # a start again gets new ports
+    kv = [kv_port for name, _, kv_port in starter.ports if name == "prefill-0"]
+    assert len(set(kv)) == 2 and on_disk[1].kv_bind == f"127.0.0.1:{kv[-1]}" and on_disk[0].kv_bind == ""
+
+
+def test_a_start_that_fails_again_or_for_a_config_error_is_not_retried(home, fp16_root):
+    crash = ServerStartError("crashed", -11, "")
+    bad_model = ServerStartError("tritonserver exited during startup (exit code 1)", 1,
+                                 "failed to load 'prefill' version 1: Invalid argument: unexpected key")
+    starter = FakeStarter(start_failures={"decode-0": [crash, crash]})
+    with pytest.raises(ServerStartError, match="crashed"):
+        fleet_up("f", ReferenceDeployment(fp16_root), prefill=1, decode=1, starter=starter)
+    assert [e[1] for e in starter.events if e[0] == "start"] == ["decode-0", "decode-0"]     # 2 starts in all
+    assert not records.is_fleet("f")
+    starter = FakeStarter(start_failures={"decode-0": [bad_model]})
+    with pytest.raises(ServerStartError, match="exit code 1"):
+        fleet_up("f", ReferenceDeployment(fp16_root), prefill=1, decode=1, starter=starter)
+    assert [e[1] for e in starter.events if e[0] == "start"] == ["decode-0"]
     assert not records.is_fleet("f")
 
 
