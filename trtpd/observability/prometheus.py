@@ -154,13 +154,6 @@ class PrometheusProcess:
         return asdict(self)
 
 
-def _free_port(host: str) -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:
@@ -175,6 +168,7 @@ def start_prometheus(config_file: str | Path, state_dir: str | Path, *, port: in
     and returns once /-/ready answers 200. Raises TrtpdError (with the log's tail) if it exits or is not
     ready in time; it is stopped then."""
     from trtpd.serving.stub_watch import start_time
+    from trtpd.serving.tritonserver import free_port
 
     if host != HOST:
         raise TrtpdError(f"Prometheus listens on {HOST} only (asked for {host})")
@@ -185,7 +179,7 @@ def start_prometheus(config_file: str | Path, state_dir: str | Path, *, port: in
     log_path = state_dir / "prometheus.log"
     attempts = 1 if port else 3      # a free port can be taken between the pick and the bind: pick again
     for attempt in range(attempts):
-        chosen = port or _free_port(host)
+        chosen = port or free_port(host)   # (outside the kernel's ephemeral range)
         cmd = [binary, f"--config.file={Path(config_file).resolve()}", f"--storage.tsdb.path={data_dir.resolve()}",
                f"--storage.tsdb.retention.time={retention}", f"--web.listen-address={host}:{chosen}",
                "--log.level=warn"]
