@@ -48,7 +48,12 @@ def wait_until(pred, timeout_s=10.0):
 
 @pytest.fixture(params=["shm", "tcp"])
 def pair(request, fp16_root, tmp_path):
-    kv = KvTransferOptions(transport=request.param, key_file=tmp_path / "kv.key", timeout_ms=1500)
+    """A prefill and a decode engine, each on its loop. Prefill holds unpulled KV for 30 s (the default), so no
+    test depends on decode pulling within a short time; a test of the timeout itself marks the export timeout
+    it wants: @pytest.mark.kv_timeout_ms(1500)."""
+    marker = request.node.get_closest_marker("kv_timeout_ms")
+    kv = KvTransferOptions(transport=request.param, key_file=tmp_path / "kv.key",
+                           timeout_ms=marker.args[0] if marker else 30000)
     prefill = load_engine(fp16_root / "prefill-tp1", kv)
     decode = load_engine(fp16_root / "decode-tp1", kv)
     pc, dc = Collector(), Collector()
@@ -102,6 +107,7 @@ def test_disaggregated_equals_colocated_and_blocks_return(pair, fp16_root):
     assert decode.engine.stats()["free_blocks"] == start_free[1]
 
 
+@pytest.mark.kv_timeout_ms(1500)
 def test_unpulled_kv_is_freed_after_the_transfer_timeout(pair):
     prefill, _, ploop, _, pc, _ = pair
     start = prefill.engine.stats()["free_blocks"]
@@ -157,3 +163,32 @@ def test_layerwise_handle_goes_out_before_any_layer_is_computed(pair):
     dloop.submit(req)
     dc.wait(lambda: dc.finished("lw-d"))
     assert len(dc.tokens["lw-d"]) == 8 and not any(o.error for o in dc.outputs["lw-d"])
+
+
+def test_a_decode_request_cancelled_before_its_pull_gives_its_kv_up(fp16_root, tmp_path):
+    """Cancelled while it waits for admission (here: before the decode engine ever stepped), a request's handle is
+    given up: prefill frees its blocks at once, not at the export's deadline (60 s here)."""
+    kv = KvTransferOptions(transport="tcp", key_file=tmp_path / "kv.key", timeout_ms=60000)
+    prefill = load_engine(fp16_root / "prefill-tp1", kv)
+    decode = load_engine(fp16_root / "decode-tp1", kv)
+    pc = Collector()
+    ploop = EngineLoop(prefill.engine, pc)
+    try:
+        start = prefill.engine.stats()["free_blocks"]
+        prompt = prefill.tokenizer.encode(prompt_with_tokens(prefill.tokenizer, 200, seed=3))
+        ploop.submit(EngineRequest("p", prompt, 4, RequestType.CONTEXT_ONLY, arrival_s=time.monotonic()))
+        pc.wait(lambda: pc.finished("p"))
+        handle = [o.context_phase_params for o in pc.outputs["p"] if o.context_phase_params][-1]
+        assert prefill.engine.stats()["free_blocks"] < start      # held for decode
+        req = EngineRequest("d", prompt, 4, RequestType.GENERATION_ONLY, context_phase_params=handle,
+                            arrival_s=time.monotonic())
+        decode.engine.validate(req)
+        decode.engine.add(req)                                      # admitted; its pull starts at the next step
+        assert [o.finish_reason for o in decode.engine.abort("d")] == ["cancelled"]
+        wait_until(lambda: prefill.engine.stats()["free_blocks"] == start, timeout_s=10)
+        assert prefill.engine.exporter.num_given_up == 1 and prefill.engine.exporter.num_timeouts == 0
+        assert decode.engine.stats()["free_blocks"] == decode.config.num_kv_blocks
+    finally:
+        ploop.stop()
+        prefill.close()
+        decode.close()

@@ -5,10 +5,13 @@ checks signature, expiry and KV layout before anything is allocated. Admission r
 sequence's blocks (GUARANTEED_NO_EVICT) and starts the pull on a worker thread, layer by layer;
 when the KV and the first token are in, the sequence joins the continuous batch. Responses start
 with the first token (computed by prefill), as TensorRT-LLM's generation-only responses do.
+A request cancelled while it waits for admission gives its handle up (KvImporter.give_up, on a thread
+of its own), so prefill frees those blocks now rather than at the export's deadline.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +21,8 @@ from trtpd.engine.generation_engine import GenerationEngine, Sequence
 from trtpd.engine.model import LlamaModel
 from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType
 from trtpd.kv.pool import KvPool
+
+log = logging.getLogger(__name__)
 
 
 class DecodeEngine(GenerationEngine):
@@ -30,6 +35,7 @@ class DecodeEngine(GenerationEngine):
         self.importer = importer
         self.wakeup = wakeup or (lambda: None)
         self.pulls = ThreadPoolExecutor(max_workers=num_pull_threads, thread_name_prefix="kv-pull")
+        self.give_ups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-give-up")
         self.transfers: dict[str, Future] = {}
         self.params: dict[str, object] = {}
         self.cancelled_transfers: set[str] = set()
@@ -64,8 +70,19 @@ class DecodeEngine(GenerationEngine):
         if request_id in self.transfers:   # the pull thread still writes into its blocks: free them later
             self.cancelled_transfers.add(request_id)
             return [EngineOutput(request_id, finished=True, finish_reason="cancelled")]
-        self.params.pop(request_id, None)
+        params = self.params.pop(request_id, None)
+        if params is not None and request_id in self.sequences:   # admitted, never pulled: prefill can free it
+            self.give_ups.submit(self._give_up, params)
         return super().abort(request_id)
+
+    def _give_up(self, params) -> None:
+        give_up = getattr(self.importer, "give_up", None)
+        if give_up is None:
+            return
+        try:
+            give_up(params)
+        except Exception as exc:   # noqa: BLE001 - best effort: the export's deadline frees it anyway
+            log.info("could not give up the KV of %s (%s); prefill frees it at its deadline", params.request_id, exc)
 
     def _start_pull(self, seq: Sequence) -> None:
         params = self.params.pop(seq.request_id)
@@ -109,3 +126,4 @@ class DecodeEngine(GenerationEngine):
 
     def close(self) -> None:
         self.pulls.shutdown(wait=True, cancel_futures=True)
+        self.give_ups.shutdown(wait=True, cancel_futures=True)

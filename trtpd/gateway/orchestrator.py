@@ -39,10 +39,15 @@ class Generated:
 
 class FleetOrchestrator:
     def __init__(self, mode: str, router: Router, clients: dict[str, RoleClient],
-                 clock: Callable[[], float] = time.monotonic, wait_for_instance_s: float = 0.0) -> None:
+                 clock: Callable[[], float] = time.monotonic, wait_for_instance_s: float = 0.0,
+                 give_up: Callable[[bytes], None] | None = None) -> None:
         """wait_for_instance_s: a request that finds no instance of a role it needs (all busy elsewhere, dead and
-        being replaced by the controller, draining) waits this long for one before it fails (503)."""
+        being replaced by the controller, draining) waits this long for one before it fails (503).
+        give_up(handle): told (it must not block) of a prefill's handle that no decode will pull: the request
+        ended or moved on first (the client went away, no decode could take it, it is prefilled again), so that
+        prefill frees those blocks now rather than at the export's deadline."""
         self.mode = mode
+        self.give_up = give_up
         self.wait_for_instance_s = wait_for_instance_s
         self.router = router
         self.clients = clients
@@ -75,6 +80,7 @@ class FleetOrchestrator:
             if prefill is None:
                 raise GatewayError("no prefill instance is ready; retry later", "unavailable")
             held = _Holds(self.holds, prefill.instance)
+            handle, streamed = None, False
             try:
                 try:
                     handle, perf = await self._prefill(prefill.instance, f"{request_id}-p{attempt}", ids, sampling)
@@ -95,7 +101,6 @@ class FleetOrchestrator:
                 if decode is None:
                     raise GatewayError("no decode instance can take this request now; retry later", "unavailable")
                 held.add(decode.instance)
-                streamed = False
                 try:
                     async for chunk in self.clients[decode.instance].stream(
                             f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle):
@@ -118,6 +123,8 @@ class FleetOrchestrator:
                                                    culprit=prefill.instance if stage == "kv_pull" else exc.instance)
             finally:
                 held.clear()
+                if handle is not None and not streamed and self.give_up is not None:
+                    self.give_up(handle)      # (decode streams only once it has pulled the KV)
 
     async def _prefill(self, instance: str, sub_id: str, ids: list[int],
                        sampling: SamplingInputs) -> tuple[bytes, dict[str, float]]:

@@ -81,10 +81,22 @@ class FleetService:
         self._slots = asyncio.Semaphore(cfg.max_inflight)
         self.clients = {i.name: RoleClient(i.name, i.grpc_url, i.model, self.key) for i in cfg.instances}
         self.orchestrator = FleetOrchestrator(cfg.mode, self.router, self.clients,
-                                              wait_for_instance_s=cfg.wait_for_instance_s)
+                                              wait_for_instance_s=cfg.wait_for_instance_s, give_up=self.give_up_kv)
         self.reload()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
+
+    def give_up_kv(self, handle: bytes) -> None:
+        """The orchestrator's give_up: on a worker thread, tells the prefill exporter that no decode will pull
+        this handle, so it frees the blocks now (best effort: the export's deadline frees them otherwise)."""
+        asyncio.get_running_loop().run_in_executor(None, self._give_up_now, handle)
+
+    def _give_up_now(self, handle: bytes) -> None:
+        from trtpd.kv.importer import give_up_handle
+        try:
+            give_up_handle(handle, self.key)
+        except Exception as exc:   # noqa: BLE001 - an exporter that is gone, a handle that expired
+            log.info("could not give up a prefill's KV (%s); it is freed at the export's deadline", exc)
 
     async def stop(self) -> None:
         if self._poller is not None:

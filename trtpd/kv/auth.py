@@ -87,15 +87,31 @@ def pack_pull(key: bytes, exporter_nonce: bytes, handle: bytes) -> tuple[bytes, 
     return importer_proof(key, exporter_nonce, importer_nonce, handle) + importer_nonce + handle, importer_nonce
 
 
+def pack_release(key: bytes, exporter_nonce: bytes, handle: bytes) -> bytes:
+    """The RELEASE payload (frame.py): as a PULL's, with a proof of its own, so neither stands for the other."""
+    importer_nonce = new_nonce()
+    return _pull_mac(key, "release", exporter_nonce, importer_nonce, handle) + importer_nonce + handle
+
+
+def unpack_release(key: bytes, exporter_nonce: bytes, payload: bytes) -> bytes:
+    """Checks a RELEASE payload's proof; returns the handle. Raises KvPeerAuthError."""
+    return _unpack(key, exporter_nonce, payload, "release")[1]
+
+
 def unpack_pull(key: bytes, exporter_nonce: bytes, payload: bytes) -> tuple[bytes, bytes]:
     """Checks a PULL payload's proof; returns (importer nonce, handle). Raises KvPeerAuthError."""
+    return _unpack(key, exporter_nonce, payload, "importer")
+
+
+def _unpack(key: bytes, exporter_nonce: bytes, payload: bytes, side: str) -> tuple[bytes, bytes]:
+    what = "PULL" if side == "importer" else "RELEASE"
     if len(payload) < PROOF_BYTES + NONCE_BYTES:
-        raise KvPeerAuthError(f"the PULL carries {len(payload)} bytes, too few for the key proof "
+        raise KvPeerAuthError(f"the {what} carries {len(payload)} bytes, too few for the key proof "
                               f"({PROOF_BYTES} bytes) and nonce ({NONCE_BYTES} bytes) that every pull must send")
     proof = payload[:PROOF_BYTES]
     importer_nonce = payload[PROOF_BYTES:PROOF_BYTES + NONCE_BYTES]
     handle = payload[PROOF_BYTES + NONCE_BYTES:]
-    if not hmac.compare_digest(proof, importer_proof(key, exporter_nonce, importer_nonce, handle)):
+    if not hmac.compare_digest(proof, _pull_mac(key, side, exporter_nonce, importer_nonce, handle)):
         raise KvPeerAuthError(
             "the puller did not prove it holds the deployment's KV key (its HMAC over this connection's "
             "challenge does not verify); a handle alone does not give access to KV. A decode instance of this "

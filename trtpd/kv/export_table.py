@@ -3,7 +3,8 @@
 An export is registered when its prefill batch is scheduled, gains ready layers one by one, completes when
 the first token is known, is attached to at most one pull, is acknowledged by that pull, and is released:
 its request id goes to `released_ids` for the engine to free the blocks. It is also released when prefill
-fails, when its deadline passes without an acknowledged pull (the reaper), or when its pull breaks.
+fails, when its deadline passes without an acknowledged pull (the reaper), when its pull breaks, or when the
+decode side gives it up (its request was cancelled or failed before the pull: give_up).
 While a pull is attached, only the session serving it releases the export (the session may still be reading
 the blocks); failing or timing out such an export sets `abort`, which the session sends to the decode side.
 """
@@ -61,6 +62,7 @@ class ExportCounters:
     num_failed: int = 0               # fail() by the engine
     num_broken_pulls: int = 0         # pulls that ended without an ACK (connection lost, protocol error)
     num_refused: int = 0              # pulls refused: bad handle, unknown request, busy
+    num_given_up: int = 0             # released because the decode side said it will never pull them
 
 
 @dataclass
@@ -176,6 +178,21 @@ class ExportTable:
             export.is_acked = True
             self.counters.num_pulls += 1
             self.counters.bytes_sent += num_bytes
+
+    def give_up(self, request_id: str, issued_at_s: float, why: str) -> str:
+        """The decode side will never pull this export (a handle issued at issued_at_s): released now, unless a
+        pull is attached (its session releases it when it ends). Returns "released", "pulling" or "gone"."""
+        with self.cond:
+            export = self.exports.get(request_id)
+            if export is None or issued_at_s < export.registered_at_s or export.is_acked:
+                return "gone"
+            if export.is_attached:
+                return "pulling"
+            self.counters.num_given_up += 1
+            released = self._abort_locked(export, Abort(ErrorCode.NOT_FOUND, f"given up by the decode side: {why}"))
+        if released:
+            self._released()
+        return "released"
 
     def count_refused(self) -> None:
         with self.cond:

@@ -5,7 +5,8 @@ complete() with the first token (or fail()), and frees the blocks of the ids dra
 The exporter serves pulls on its own threads: one accepts connections, one per pull streams layers as they
 become ready (frame.py describes the protocol; for ucx and mpi the bytes go on a
 channel of the transport's own, mover.py), and a reaper releases exports whose deadline passed
-(transfer_timeout_s after register(), renewed by complete()), so KV is never held forever.
+(transfer_timeout_s after register(), renewed by complete()), so KV is never held forever. A decode side
+that will never pull a handle gives it up (a RELEASE, frame.py): its blocks are released at once.
 """
 
 from __future__ import annotations
@@ -135,6 +136,10 @@ class KvExporter:
         return self.counters.num_pulls
 
     @property
+    def num_given_up(self) -> int:
+        return self.counters.num_given_up
+
+    @property
     def num_timeouts(self) -> int:
         return self.counters.num_timeouts
 
@@ -192,6 +197,9 @@ class KvExporter:
             nonce = auth.new_nonce()       # the challenge: fresh per connection, so no proof can be replayed
             frame.send_frame(sock, Kind.HELLO, nonce)
             request, payload = frame.recv_frame(sock, MAX_HANDLE_BYTES + auth.PROOF_BYTES + auth.NONCE_BYTES)
+            if request.kind == Kind.RELEASE:
+                self._give_up(sock, nonce, payload)
+                return
             if request.kind != Kind.PULL:
                 raise KvProtocolError(f"expected a PULL frame, got {request.kind.name}")
             try:   # before the handle is even parsed: without the key, a handle gives nothing
@@ -245,6 +253,16 @@ class KvExporter:
             with self._sessions_lock:
                 self._sessions.pop(sock, None)
             sock.close()
+
+    def _give_up(self, sock: socket.socket, nonce: bytes, payload: bytes) -> None:
+        """A RELEASE (frame.py): the decode side will never pull this handle; its blocks are freed now."""
+        try:
+            blob = auth.unpack_release(self._key, nonce, payload)
+        except auth.KvPeerAuthError as e:
+            raise Abort(ErrorCode.UNAUTHENTICATED, f"{self.endpoint} refused the release: {e}") from None
+        params = self._verify(blob)
+        status = self._table.give_up(params.request_id, params.issued_at_s, "its request ended before the pull")
+        frame.send_frame(sock, Kind.CONFIRM, status.encode())
 
     def _verify(self, blob: bytes) -> ContextPhaseParams:
         try:

@@ -2,7 +2,7 @@
 
 Every message is a 16-byte header (network byte order, struct "!4sBBHQ") and `payload_bytes` of payload:
     magic          4 bytes  b"TKV2"
-    kind           1 byte   PULL=1 ACCEPT=2 LAYER=3 DONE=4 ACK=5 CONFIRM=6 ERROR=7 HELLO=8
+    kind           1 byte   PULL=1 ACCEPT=2 LAYER=3 DONE=4 ACK=5 CONFIRM=6 ERROR=7 HELLO=8 RELEASE=9
     code           1 byte   ERROR: an ErrorCode; otherwise 0
     layer          2 bytes  LAYER: the layer index; otherwise 0
     payload_bytes  8 bytes
@@ -22,6 +22,13 @@ One pull, one TCP connection (auth.py defines the proofs; the key is the deploym
     importer -> exporter  ACK       every byte is in the decode pool
     exporter -> importer  CONFIRM   the ACK came before any timeout or failure; only now is the pull good
 An ERROR (payload: a UTF-8 message) may replace any exporter message; the exporter then closes.
+
+A decode side that will never pull a handle (its request was cancelled, or failed, before the pull) gives it
+up on a connection of its own, so prefill frees the blocks now instead of at the export's deadline:
+    exporter -> importer  HELLO     as above
+    importer -> exporter  RELEASE   payload: as PULL's, with a proof of its own (auth.pack_release)
+    exporter -> importer  CONFIRM   payload: what became of the export, b"released", b"pulling" (a pull is
+                                    attached: it releases the export itself) or b"gone"
 
 So a tcp pull moves layout.bytes_for(num_tokens) + 16 x (num_layers + 4) + 32 + 32 + 8 bytes from exporter
 to importer, and 16 + 64 + len(handle) + 16 bytes back. A shm pull sends the same headers and proofs plus
@@ -53,6 +60,7 @@ class Kind(enum.IntEnum):
     CONFIRM = 6
     ERROR = 7
     HELLO = 8
+    RELEASE = 9
 
 
 class ErrorCode(enum.IntEnum):

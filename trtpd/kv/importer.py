@@ -29,6 +29,7 @@ from trtpd.kv.spans import check_blocks, copy_plan, layer_stride_bytes, pool_byt
 EXPIRY_GRACE_S = 5.0           # a pull without its own timeout gives up this long after the handle expires
 MAX_CONTROL_PAYLOAD_BYTES = 64 * 1024 + 4 * (1 << 20)
 SOCKET_BUFFER_BYTES = 4 << 20
+GIVE_UP_TIMEOUT_S = 2.0        # telling an exporter that a handle will not be pulled: best effort, briefly
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,25 @@ class KvImporter:
         pull = _Pull(self, params, endpoint, list(dst_block_ids), where, time.monotonic() + timeout_s)
         return pull.run(on_layer)
 
+    def give_up(self, params: ContextPhaseParams, timeout_s: float = GIVE_UP_TIMEOUT_S) -> str:
+        """Tells the exporter that this handle will never be pulled (its request was cancelled or failed first), so
+        prefill frees its blocks now rather than at the export's deadline. Returns what the exporter did:
+        "released", "pulling" (a pull is under way: it releases them) or "gone"; raises KvTransferError
+        subclasses when the exporter cannot be told (it then frees them at the deadline)."""
+        return _GiveUp(self._key, params, timeout_s, self.connect_timeout_s).run(None)
+
     def close(self) -> None:
         """Unmaps the prefill pools; call after the last pull has returned."""
         self._sources.close()
         for client in self._mover_clients.values():
             client.close()
+
+
+def give_up_handle(handle: bytes, key: bytes, timeout_s: float = GIVE_UP_TIMEOUT_S) -> str:
+    """KvImporter.give_up for a process with the deployment key but no KV pool (the gateway): the signed handle
+    as prefill returned it. Raises KvTransferError subclasses (a forged or expired handle among them)."""
+    params = decode(handle, key, time.time())
+    return _GiveUp(key, params, timeout_s, min(timeout_s, 5.0)).run(None)
 
 
 class _Pull:
@@ -93,6 +108,10 @@ class _Pull:
         self.importer, self.params, self.endpoint = importer, params, endpoint
         self.dst_block_ids, self.where, self.deadline_s = dst_block_ids, where, deadline_s
         self.layout = importer.pool.layout
+        self._start(importer._key, importer.connect_timeout_s)
+
+    def _start(self, key: bytes, connect_timeout_s: float) -> None:
+        self.key, self.connect_timeout_s = key, connect_timeout_s
         self.wire_bytes = 0
         self.waiting_for = "the connection"
         self.channel: mover.Channel | None = None
@@ -101,7 +120,7 @@ class _Pull:
         start_s = time.perf_counter()
         try:
             sock = socket.create_connection((self.endpoint.host, self.endpoint.port),
-                                            timeout=min(self.importer.connect_timeout_s, self._remaining_s()))
+                                            timeout=min(self.connect_timeout_s, self._remaining_s()))
         except socket.timeout:
             raise KvTransferTimeoutError(f"{self.where}: connecting timed out; check that the prefill instance is "
                                          f"up and reachable from this host, then re-run prefill") from None
@@ -132,12 +151,7 @@ class _Pull:
                     self.channel.close()
 
     def _converse(self, sock: socket.socket, start_s: float, on_layer: Callable[[int], None] | None) -> PullResult:
-        sock.settimeout(self._remaining_s())
-        key = self.importer._key
-        _, nonce = self._expect(sock, Kind.HELLO, "the exporter's challenge")
-        if len(nonce) != auth.NONCE_BYTES:
-            raise KvProtocolError(f"{self.where}: HELLO carries {len(nonce)} bytes, not a "
-                                  f"{auth.NONCE_BYTES}-byte nonce")
+        key, nonce = self.key, self._challenge(sock)
         handle = encode(self.params, key)
         pull, my_nonce = auth.pack_pull(key, nonce, handle)   # proves this side holds the deployment key
         frame.send_frame(sock, Kind.PULL, pull)
@@ -171,6 +185,15 @@ class _Pull:
         return PullResult(self.params.request_id, self.params.endpoint, first_token,
                           self.layout.bytes_for(self.params.num_tokens), self.wire_bytes,
                           time.perf_counter() - start_s, tuple(layer_done_s), tuple(layer_move_s))
+
+    def _challenge(self, sock: socket.socket) -> bytes:
+        """The exporter's HELLO: this connection's nonce."""
+        sock.settimeout(self._remaining_s())
+        _, nonce = self._expect(sock, Kind.HELLO, "the exporter's challenge")
+        if len(nonce) != auth.NONCE_BYTES:
+            raise KvProtocolError(f"{self.where}: HELLO carries {len(nonce)} bytes, not a "
+                                  f"{auth.NONCE_BYTES}-byte nonce")
+        return nonce
 
     def _tcp_mover(self, sock: socket.socket) -> Callable[[int, int], None]:
         spans = request_spans(self.layout, self.dst_block_ids, self.params.num_tokens)
@@ -279,3 +302,19 @@ class _Pull:
         if remaining <= 0:
             raise socket.timeout()
         return remaining
+
+
+class _GiveUp(_Pull):
+    """A RELEASE on a connection of its own (frame.py): moves nothing, returns the exporter's answer."""
+
+    def __init__(self, key: bytes, params: ContextPhaseParams, timeout_s: float, connect_timeout_s: float) -> None:
+        self.params, self.endpoint = params, KvEndpoint.parse(params.endpoint)
+        self.where = f"giving up the KV of request {params.request_id!r} on {params.endpoint}"
+        self.deadline_s = time.monotonic() + timeout_s
+        self._start(key, connect_timeout_s)
+
+    def _converse(self, sock: socket.socket, start_s: float, on_layer: Callable[[int], None] | None) -> str:
+        key, nonce = self.key, self._challenge(sock)
+        frame.send_frame(sock, Kind.RELEASE, auth.pack_release(key, nonce, encode(self.params, key)))
+        _, status = self._expect(sock, Kind.CONFIRM, "the exporter to confirm the release")
+        return status.decode(errors="replace")

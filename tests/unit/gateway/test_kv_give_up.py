@@ -1,0 +1,87 @@
+"""The orchestrator gives up a prefill's KV handle whenever no decode will pull it (the request failed, moved on or
+its client left before the decode streamed), and never one a decode pulled. The exporter's side of it, against a
+real prefill process, is tests/integration/kv/test_kv_give_up.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from trtpd.gateway.orchestrator import FleetOrchestrator, GatewayError
+from trtpd.gateway.role_client import RoleChunk, RoleError, SamplingInputs
+from trtpd.routing.core import InstanceView, Router, RoutingPolicy
+
+
+class _Client:
+    """Prefill: a handle named after the sub-request. Decode: `decode` says what it does with each request."""
+
+    def __init__(self, name: str, decode: str = "serve", failures: list | None = None) -> None:
+        self.name, self.decode = name, decode
+        self.failures = failures if failures is not None else []   # "fail once": shared by the decode instances
+        self.started = asyncio.Event()
+
+    async def stream(self, request_id, request_type, ids, sampling, handle=None):
+        if request_type == "context_only":
+            yield RoleChunk([], handle=f"kv-of-{request_id}".encode(), final=True)
+            return
+        self.started.set()
+        if self.decode == "fail once" and not self.failures:
+            self.failures.append(self.name)
+            raise RoleError("decode-0 broke before its first token", "internal", self.name)
+        if self.decode == "hang":
+            await asyncio.sleep(3600)
+        yield RoleChunk([7], final=True)
+
+
+def _orchestrator(decode: str = "serve", with_decode: bool = True, wait_s: float = 0.0,
+                  policy: RoutingPolicy | None = None, num_decode: int = 1):
+    router = Router(policy or RoutingPolicy())
+    decodes = [f"decode-{i}" for i in range(num_decode if with_decode else 0)]
+    router.update([InstanceView("prefill-0", "prefill")] + [InstanceView(d, "decode") for d in decodes], 0.0)
+    given_up: list[bytes] = []
+    failures: list[str] = []
+    clients = {"prefill-0": _Client("prefill-0"), **{d: _Client(d, decode, failures) for d in decodes}}
+    orch = FleetOrchestrator("disaggregated", router, clients, wait_for_instance_s=wait_s, give_up=given_up.append)
+    return orch, clients, given_up
+
+
+async def _all(orch, request_id="r"):
+    return [g async for g in orch.generate(request_id, [1, 2, 3], SamplingInputs(max_new_tokens=1))]
+
+
+def test_a_pulled_handle_is_not_given_up():
+    orch, _, given_up = _orchestrator()
+    assert [g.token_ids for g in asyncio.run(_all(orch))] == [[7]]
+    assert given_up == []
+
+
+def test_a_handle_no_decode_can_take_is_given_up():
+    orch, _, given_up = _orchestrator(with_decode=False)
+    with pytest.raises(GatewayError, match="no decode instance"):
+        asyncio.run(_all(orch))
+    assert given_up == [b"kv-of-r-p1"]
+
+
+def test_a_decode_that_failed_before_streaming_gives_up_that_attempts_handle_only():
+    orch, _, given_up = _orchestrator(decode="fail once")
+    with pytest.raises(GatewayError, match="before the first token"):
+        asyncio.run(_all(orch))
+    assert given_up == [b"kv-of-r-p1"]
+    orch, _, given_up = _orchestrator(decode="fail once", policy=RoutingPolicy(max_decode_attempts=2), num_decode=2)
+    assert [g.token_ids for g in asyncio.run(_all(orch))] == [[7]]      # prefilled again, then served
+    assert given_up == [b"kv-of-r-p1"]
+
+
+def test_a_client_that_left_before_the_first_token_gives_its_handle_up():
+    orch, clients, given_up = _orchestrator(decode="hang")
+
+    async def go():
+        task = asyncio.create_task(_all(orch))
+        await asyncio.wait_for(clients["decode-0"].started.wait(), 5)   # decode has it, nothing streamed yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(go())
+    assert given_up == [b"kv-of-r-p1"]
+    assert orch.holds == {}
