@@ -85,3 +85,36 @@ def test_a_client_that_left_before_the_first_token_gives_its_handle_up():
     asyncio.run(go())
     assert given_up == [b"kv-of-r-p1"]
     assert orch.holds == {}
+
+
+def test_the_service_gives_a_handle_up_to_the_exporter_that_issued_it(tmp_path, fp16_root):
+    """FleetService.give_up_kv, as the orchestrator calls it, reaches a real exporter (in this process, tcp) with the
+    fleet's key, off the event loop."""
+    import time
+
+    from tests.unit.gateway.test_fleet_reload import instance, write
+    from trtpd.gateway.config import from_fleet_file
+    from trtpd.gateway.service import FleetService
+    from trtpd.kv.exporter import KvExporter
+    from trtpd.kv.layout import KvLayout
+    from trtpd.kv.pool import KvPool
+
+    fleet_file = tmp_path / "fleet.json"
+    write(fleet_file, fp16_root / "checkpoint", [instance("prefill-0", "prefill"), instance("decode-0", "decode")])
+    svc = FleetService(from_fleet_file(fleet_file))
+    layout = KvLayout(num_layers=2, num_kv_heads=2, head_size=16, tokens_per_block=8, dtype="fp16")
+    exporter = KvExporter(KvPool(layout, 4), svc.key, transport="tcp", transfer_timeout_s=60.0)
+    try:
+        exporter.register("r-p1", [0, 1], 12)
+        handle = exporter.complete("r-p1", 5)
+
+        async def go():
+            svc.give_up_kv(handle)        # returns at once: the exporter is told on a worker thread
+            deadline = time.monotonic() + 10
+            while exporter.num_pending and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        asyncio.run(go())
+        assert exporter.num_pending == 0 and exporter.num_given_up == 1
+        assert exporter.drain_released() == ["r-p1"]
+    finally:
+        exporter.close()
