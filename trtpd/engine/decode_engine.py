@@ -76,11 +76,8 @@ class DecodeEngine(GenerationEngine):
         return super().abort(request_id)
 
     def _give_up(self, params) -> None:
-        give_up = getattr(self.importer, "give_up", None)
-        if give_up is None:
-            return
         try:
-            give_up(params)
+            self.importer.give_up(params)
         except Exception as exc:   # noqa: BLE001 - best effort: the export's deadline frees it anyway
             log.info("could not give up the KV of %s (%s); prefill frees it at its deadline", params.request_id, exc)
 

@@ -9,7 +9,6 @@ instance this call started.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import signal
 from typing import Protocol
@@ -22,10 +21,9 @@ from trtpd.fleet.instance import (ENTRY, InstancePlan, assign_cpus, instance_fol
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.repo.reference import KEY_FILE, ReferenceDeployment, check_pair
 from trtpd.serving import deployment, stub_watch
-from trtpd.serving.tritonserver import START_ATTEMPTS, ServerStartError, start_retry_reason, stop_server, wait_ready
+from trtpd.serving.tritonserver import ServerStartError, stop_server, until_ready, wait_ready
 
 DOWN_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
-log = logging.getLogger(__name__)
 
 
 class Starter(Protocol):
@@ -138,27 +136,21 @@ def used_ports(fleet: FleetRecord) -> set[int]:
 
 def ready_or_restarted(starter: Starter, fleet: FleetRecord, plan: InstancePlan, inst: InstanceRecord,
                        timeout_s: float) -> InstanceRecord:
-    """Waits until `inst` is ready. One that crashed while starting, or lost a port to another program before it
-    could listen on it (start_retry_reason), is stopped and started again with new ports, up to START_ATTEMPTS
-    starts; it takes the same place in fleet.json. Returns the instance that became ready."""
-    for attempt in range(1, START_ATTEMPTS + 1):
-        try:
-            starter.wait_ready(inst, timeout_s)
-            return inst
-        except ServerStartError as exc:
-            reason = start_retry_reason(exc.returncode, exc.log_text, ports_picked=True)
-            if reason is None or attempt == START_ATTEMPTS:
-                raise
-            log.warning("instance %s (%s) failed to start: %s; starting it again (%d of %d)",
-                        inst.name, inst.role, reason, attempt + 1, START_ATTEMPTS)
-        starter.stop(inst)
+    """Waits until `inst` is ready; one that crashed while starting, or lost a port to another program before it
+    could listen on it, is started again with new ports (until_ready), in the same place in fleet.json. Returns
+    the instance that became ready."""
+    plans = [plan]
+
+    def start_again(old: InstanceRecord) -> InstanceRecord:
         used = used_ports(fleet)
-        plan = dataclasses.replace(plan, ports=pick_ports(used), kv_port=pick_port(used) if plan.kv_port else 0)
-        place = fleet.instances.index(inst)
-        inst = starter.start(fleet, plan)
-        fleet.instances[place] = inst
+        plans.append(dataclasses.replace(plans[-1], ports=pick_ports(used),
+                                         kv_port=pick_port(used) if plans[-1].kv_port else 0))
+        new = starter.start(fleet, plans[-1])
+        fleet.instances[fleet.instances.index(old)] = new
         fleet.save()
-    raise AssertionError("unreachable")
+        return new
+    return until_ready(inst, lambda i: starter.wait_ready(i, timeout_s), starter.stop, start_again, True,
+                       lambda i: f"instance {i.name} ({i.role})")
 
 
 def _check_name_free(name: str, replace: bool) -> None:

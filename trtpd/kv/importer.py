@@ -84,7 +84,7 @@ class KvImporter:
         prefill frees its blocks now rather than at the export's deadline. Returns what the exporter did:
         "released", "pulling" (a pull is under way: it releases them) or "gone"; raises KvTransferError
         subclasses when the exporter cannot be told (it then frees them at the deadline)."""
-        return _GiveUp(self._key, params, timeout_s, self.connect_timeout_s).run(None)
+        return _GiveUp(self._key, params, timeout_s).run(None)
 
     def close(self) -> None:
         """Unmaps the prefill pools; call after the last pull has returned."""
@@ -97,7 +97,7 @@ def give_up_handle(handle: bytes, key: bytes, timeout_s: float = GIVE_UP_TIMEOUT
     """KvImporter.give_up for a process with the deployment key but no KV pool (the gateway): the signed handle
     as prefill returned it. Raises KvTransferError subclasses (a forged or expired handle among them)."""
     params = decode(handle, key, time.time())
-    return _GiveUp(key, params, timeout_s, min(timeout_s, 5.0)).run(None)
+    return _GiveUp(key, params, timeout_s).run(None)
 
 
 class _Pull:
@@ -307,11 +307,11 @@ class _Pull:
 class _GiveUp(_Pull):
     """A RELEASE on a connection of its own (frame.py): moves nothing, returns the exporter's answer."""
 
-    def __init__(self, key: bytes, params: ContextPhaseParams, timeout_s: float, connect_timeout_s: float) -> None:
+    def __init__(self, key: bytes, params: ContextPhaseParams, timeout_s: float) -> None:
         self.params, self.endpoint = params, KvEndpoint.parse(params.endpoint)
         self.where = f"giving up the KV of request {params.request_id!r} on {params.endpoint}"
         self.deadline_s = time.monotonic() + timeout_s
-        self._start(key, connect_timeout_s)
+        self._start(key, timeout_s)        # (the connect, like the rest, within timeout_s)
 
     def _converse(self, sock: socket.socket, start_s: float, on_layer: Callable[[int], None] | None) -> str:
         key, nonce = self.key, self._challenge(sock)

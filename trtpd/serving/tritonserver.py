@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from trtpd.errors import TrtpdError
 
@@ -35,6 +36,7 @@ START_ATTEMPTS = 2        # a start-up that crashed, or lost a port it was given
 PORT_TAKEN = "already in use"      # tritonserver's words when it cannot listen on a port
 LISTEN_PORTS_LOW = 20000           # ports trtpd picks lie from here up to just below the kernel's ephemeral range
 log = logging.getLogger(__name__)
+S = TypeVar("S")     # a started server: ServerProcess, or a fleet's InstanceRecord
 
 
 class ServerError(TrtpdError):
@@ -336,27 +338,44 @@ def wait_ready(server: ServerProcess, timeout_s: float = 120.0, poll_s: float = 
                       f"{log_tail(server.log_path)}")
 
 
-def start_until_ready(start: Callable[[ServerPorts | None], ServerProcess], ports: ServerPorts | None = None,
-                      timeout_s: float = 120.0, attempts: int = START_ATTEMPTS) -> ServerProcess:
-    """`start(ports)` and wait_ready; a start-up that failed for a reason worth another try (start_retry_reason)
-    is cleaned up and started again, up to `attempts` starts (with `ports` None, each start picks its own).
-    Any other failure stops what was started and raises."""
+def until_ready(first: S, wait: Callable[[S], None], stop: Callable[[S], None], start_again: Callable[[S], S],
+                ports_picked: bool, name: Callable[[S], str], attempts: int = START_ATTEMPTS) -> S:
+    """Waits (`wait` raises ServerStartError) until `first` is ready. One whose start-up failed for a reason worth
+    another try (start_retry_reason) is stopped and replaced by `start_again(it)`, up to `attempts` starts in all;
+    the last failure is raised, and the caller stops what it started (the server that failed last included).
+    Returns the server that became ready."""
+    server = first
     for attempt in range(1, attempts + 1):
-        server = start(ports)
         try:
-            wait_ready(server, timeout_s)
+            wait(server)
             return server
         except ServerStartError as exc:
-            stop_server(server)     # its stubs and /dev/shm files
-            reason = start_retry_reason(exc.returncode, exc.log_text, ports is None)
+            reason = start_retry_reason(exc.returncode, exc.log_text, ports_picked)
             if reason is None or attempt == attempts:
                 raise
-            log.warning("tritonserver (pid %d, log %s) failed to start: %s; starting it again (%d of %d)",
-                        server.pid, server.log_path, reason, attempt + 1, attempts)
-        except BaseException:
-            stop_server(server)
-            raise
+            log.warning("%s failed to start: %s; starting it again (%d of %d)", name(server), reason, attempt + 1,
+                        attempts)
+        stop(server)        # its stubs and /dev/shm files
+        server = start_again(server)
     raise AssertionError("unreachable")
+
+
+def start_until_ready(start: Callable[[ServerPorts | None], ServerProcess], ports: ServerPorts | None = None,
+                      timeout_s: float = 120.0, attempts: int = START_ATTEMPTS) -> ServerProcess:
+    """`start(ports)` and until_ready (with `ports` None, each start picks its own); on any failure the server
+    started last is stopped before the error is raised."""
+    started = [start(ports)]
+
+    def start_again(_: ServerProcess) -> ServerProcess:
+        started.append(start(ports))
+        return started[-1]
+    try:
+        return until_ready(started[0], lambda server: wait_ready(server, timeout_s), stop_server, start_again,
+                           ports is None, lambda server: f"tritonserver (pid {server.pid}, log {server.log_path})",
+                           attempts)
+    except BaseException:
+        stop_server(started[-1])
+        raise
 
 
 def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
