@@ -9,7 +9,11 @@ decision. Run:
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 from trtpd.catalog import get_model
@@ -30,39 +34,71 @@ SCENARIOS = (
 )
 
 
-def bench(label: str, cluster, requests, repeats: int, slo) -> None:
+def bench(label: str, cluster, requests, repeats: int, slo) -> dict:
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         run = simulate(cluster, requests)
         times.append(time.perf_counter() - t0)
-    best, median = min(times), statistics.median(times)
     attainment = summarize(run, slo.ttft_s, slo.tpot_s).slo_attainment
-    print(f"  {label:<58} {len(requests) / best:>7,.0f} requests/s (median {len(requests) / median:,.0f}; "
-          f"{best:.2f} s for {len(requests):,}; {run.num_events / best:,.0f} events/s; "
-          f"{cluster.colocated_policy + ' policy; ' if cluster.mode == 'colocated' else ''}"
-          f"SLO attainment {attainment:.0%})")
+    return {"label": label, "times": times, "num_requests": len(requests), "num_events": run.num_events,
+            "policy": cluster.colocated_policy if cluster.mode == "colocated" else None, "attainment": attainment}
+
+
+def scenario(index: int, num_requests: int, repeats: int) -> list[dict]:
+    label, hw_name, wl_name, slo_name, target = SCENARIOS[index]
+    model, hw, wl = get_model("llama-2-70b"), load_hardware(hw_name), load_workload(wl_name)
+    plan = make_plan(PlanProblem(model, hw, wl, load_slo(slo_name), target, SearchSpace()),
+                     VerifyOptions(num_requests=3000))
+    opts = options_from_plan(plan)
+    requests = generate_requests(wl, plan.target.rate_per_s, num_requests, seed=1)
+    shape = f"{plan.prefill.num_instances}P{plan.decode.num_instances}D"
+    slo = load_slo(slo_name)
+    num = max(1, opts.num_gpus // opts.tp_decode)
+    return [bench(f"{label}: disaggregated {shape}", disaggregated_cluster(model, hw, opts), requests, repeats, slo),
+            bench(f"{label}: colocated {num} x TP{opts.tp_decode}", colocated_cluster(model, hw, opts), requests,
+                  repeats, slo)]
+
+
+def _in_mode(compiled: bool, index: int, args) -> list[dict]:
+    env = dict(os.environ)
+    env.pop("TRTPD_NO_ACCEL", None)
+    if not compiled:
+        env["TRTPD_NO_ACCEL"] = "1"
+    out = subprocess.run([sys.executable, __file__, "--scenario", str(index), "--num-requests",
+                          str(args.num_requests), "--repeats", str(args.repeats)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-requests", type=int, default=50_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scenario", type=int, default=None, help="(internal) one scenario, here, as JSON")
     args = ap.parse_args()
-    model = get_model("llama-2-70b")
-    print(f"simulated requests per second (best of {args.repeats}, and the median):")
-    for label, hw_name, wl_name, slo_name, target in SCENARIOS:
-        hw, wl = load_hardware(hw_name), load_workload(wl_name)
-        plan = make_plan(PlanProblem(model, hw, wl, load_slo(slo_name), target, SearchSpace()),
-                         VerifyOptions(num_requests=3000))
-        opts = options_from_plan(plan)
-        requests = generate_requests(wl, plan.target.rate_per_s, args.num_requests, seed=1)
-        shape = f"{plan.prefill.num_instances}P{plan.decode.num_instances}D"
-        slo = load_slo(slo_name)
-        bench(f"{label}: disaggregated {shape}", disaggregated_cluster(model, hw, opts), requests, args.repeats, slo)
-        num = max(1, opts.num_gpus // opts.tp_decode)
-        bench(f"{label}: colocated {num} x TP{opts.tp_decode}", colocated_cluster(model, hw, opts), requests,
-              args.repeats, slo)
+    if args.scenario is not None:
+        from trtpd import accel
+        loaded = len(accel.status().loaded)
+        rows = scenario(args.scenario, args.num_requests, args.repeats)
+        for row in rows:
+            row["compiled_modules"] = loaded
+        json.dump(rows, sys.stdout)
+        return
+    from trtpd import accel
+    print(accel.status().describe())
+    print(f"simulated requests per second (best of {args.repeats}, and the median), compiled modules against "
+          f"the Python source in the same run:")
+    for i in range(len(SCENARIOS)):
+        pure, compiled = _in_mode(False, i, args), _in_mode(True, i, args)
+        for p, c in zip(pure, compiled):
+            best_p, best_c = min(p["times"]), min(c["times"])
+            n = c["num_requests"]
+            print(f"  {c['label']:<58} compiled ({c['compiled_modules']} modules) {n / best_c:>7,.0f} requests/s "
+                  f"(median {n / statistics.median(c['times']):,.0f}), Python {n / best_p:>7,.0f} "
+                  f"(median {n / statistics.median(p['times']):,.0f}): {best_p / best_c:.2f}x; "
+                  f"{c['num_events'] / n:.1f} events/request; "
+                  f"{c['policy'] + ' policy; ' if c['policy'] else ''}SLO attainment {c['attainment']:.0%}")
 
 
 if __name__ == "__main__":

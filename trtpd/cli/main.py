@@ -17,7 +17,7 @@ from trtpd.cli.args import Parser, given_dests
 from trtpd.errors import TrtpdError
 
 COMMANDS = ("build", "render", "lint", "plan", "simulate", "profile", "up", "down", "status", "scale", "rollout",
-            "history", "demo", "bench")
+            "history", "demo", "bench", "accel")
 # commands that only compute, print and write files they have closed: the `trtpd` process ends without the
 # interpreter's teardown (70-90 ms after `trtpd plan`: its modules, the simulations' records)
 QUICK_EXIT = ("plan", "simulate")
