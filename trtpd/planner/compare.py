@@ -104,8 +104,10 @@ class Goodput:
     def _finish(self, sim: Simulator) -> tuple[SimRun, SimSummary, float, float]:
         """Runs the simulation to its end (or on from where it stopped): the run, its summary, and the
         shares of requests that miss TTFT and TPOT."""
+        return self._measure(sim.run())
+
+    def _measure(self, run: SimRun) -> tuple[SimRun, SimSummary, float, float]:
         slo = self.problem.slo
-        run = sim.run()
         lat = latencies(run, warmup_s=self.warmup_s)
         ttft_miss = float((~lat.done | (lat.ttft_s > slo.ttft_s)).mean()) if len(lat.done) else 1.0
         tpot_miss = float((lat.tpot_s > slo.tpot_s).mean()) if len(lat.done) else 1.0
@@ -115,22 +117,49 @@ class Goodput:
         return self._finish(self._simulator(cluster, rate))
 
     def passes(self, cluster: ClusterSpec, rate: float) -> tuple[bool, SimSummary]:
-        _, summary, _, _ = self._run(cluster, rate)
-        return (summary.slo_attainment or 0.0) >= self.problem.slo.attainment, summary
+        ok, summary, _ = self.run_at(cluster, rate)
+        return ok, summary
+
+    def reaches(self, cluster: ClusterSpec, rate: float, static_rate_per_s: float) -> bool:
+        """Whether the probe a search would run at `rate` passes (it stops once that is certain). With the
+        SLO attainment falling as the rate rises (the same requests, closer together), a failing one says
+        the goodput is below `rate` in one probe, where a search takes about five."""
+        if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
+            return False
+        slo = self.problem.slo
+        sim = self._simulator(cluster, rate)
+        watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=self.warmup_s,
+                                response_latency_s=cluster.response_latency_s)
+        if not sim.run_until_decided(watch):
+            return bool(watch.passed)
+        return (self._finish(sim)[1].slo_attainment or 0.0) >= slo.attainment
+
+    def run_at(self, cluster: ClusterSpec, rate: float) -> tuple[bool, SimSummary, SimRun]:
+        """The probe a search would run at `rate`, to its end: whether it passes, its summary and run (a
+        search given that run as `known` starts from it instead of simulating it again)."""
+        run, summary, _, _ = self._run(cluster, rate)
+        return (summary.slo_attainment or 0.0) >= self.problem.slo.attainment, summary, run
 
     def search(self, cluster: ClusterSpec, static_rate_per_s: float,
-               give_up: Callable[[float], bool] | None = None, decide_early: bool = True) -> Measured | None:
+               give_up: Callable[[float], bool] | None = None, decide_early: bool = True,
+               known: tuple[float, SimRun] | None = None) -> Measured | None:
         """Starts at START_SHARE of the static estimate; rates over RATE_CAP x static count as misses.
         give_up(hi): see max_goodput_rate_per_s; None when it stopped the search (the goodput is below hi).
         decide_early: a probe's simulation stops once its pass or fail is certain (AttainmentWatch); only
         the two whose figures the answer quotes (the goodput and the lowest failing rate) run on to the
-        end, as they would have without stopping."""
+        end, as they would have without stopping.
+        known: (rate, a whole run of this cluster at that rate that passed, e.g. the plan's verification at
+        the target, or run_at's): the search starts there, with that run's figures as its probe there,
+        instead of at START_SHARE of the static estimate (one passing probe fewer)."""
         slo = self.problem.slo
         seen: dict[float, tuple[SimRun, SimSummary, float, float]] = {}
         stopped: dict[float, Simulator] = {}       # decided early, not yet run to the end
-        start_rate_per_s = START_SHARE * static_rate_per_s
+        start_rate_per_s = START_SHARE * static_rate_per_s if known is None else known[0]
 
         def probe(cluster_, workload, rate, ttft_s, tpot_s, num_requests, seed) -> float:
+            if known is not None and rate == known[0]:
+                seen[rate] = self._measure(known[1])
+                return seen[rate][1].slo_attainment or 0.0
             if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
                 return 0.0
             sim = self._simulator(cluster_, rate)
@@ -164,14 +193,17 @@ class Goodput:
 
 # -- disaggregated -------------------------------------------------------------------------------------
 def disaggregated_side(planner: Planner, choice: Choice, goodput: Goodput, rate: float | None,
-                       at_target: tuple[bool, SimSummary] | None = None) -> Side:
+                       at_target: tuple[bool, SimSummary] | None = None,
+                       verified: tuple[float, SimRun] | None = None) -> Side:
     """at_target: whether these counts met the SLOs at the target rate, and that run's summary, when the
-    plan's verification already simulated them there (else simulated here)."""
+    plan's verification already simulated them there (else simulated here).
+    verified: (rate, run) of the verification's passing run of these counts: the goodput search starts
+    from it (Goodput.search's `known`)."""
     cfg, space = choice.config, planner.problem.space
     cluster = cluster_for(cfg.prefill, cfg.decode, choice.num_prefill, choice.num_decode, cfg.link,
                           space.tokens_per_block, space.first_token_at)
     static = disaggregated_static_rate_per_s(planner, choice)
-    measured = goodput.search(cluster, static or rate or choice.max_rate_per_s)
+    measured = goodput.search(cluster, static or rate or choice.max_rate_per_s, known=verified)
     side = Side("disaggregated", f"{choice.num_prefill}P(TP{cfg.prefill.tp})+{choice.num_decode}D(TP{cfg.decode.tp})",
                 choice.num_gpus, {"prefill": cfg.prefill.tp, "decode": cfg.decode.tp},
                 {"prefill": choice.num_prefill, "decode": choice.num_decode},
@@ -235,8 +267,12 @@ def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max
                      candidates: list[tuple[ColocatedCandidate, float]], order: list[int],
                      prune: bool = True) -> list[Found]:
     """Each candidate's goodput, in `order`. prune: a candidate's search stops as soon as its goodput is
-    certain to lose to the best found so far (`_Best.loses`); it is left out. What is left has the same
-    best (best_colocated) as searching every candidate to the end, whatever the order or the split."""
+    certain to lose to the best found so far (`_Best.loses`); it is left out. With a budget, a candidate is
+    first probed once at the best's goodput plus RESOLUTION (`Goodput.reaches`), and left out when it fails
+    there: it cannot beat the best by more than the figures resolve, and that one probe (mostly stopped
+    early) replaces a search of about five. What is left has the same best (best_colocated) as searching
+    every candidate to the end or, with a budget, one whose goodput is within RESOLUTION of it, with the
+    figures of its own search to the end (tests/unit/planner/test_pruning.py)."""
     tpb = planner.problem.space.tokens_per_block
     best = _Best(rate, max_gpus)
     found: list[Found] = []
@@ -248,7 +284,11 @@ def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max
             num = max_gpus // c.tp
             if num < 1:
                 continue
-            m = goodput.search(c.cluster(num, tpb), static * num, give_up)
+            cluster = c.cluster(num, tpb)
+            if prune and best.key is not None and \
+                    not goodput.reaches(cluster, -best.key[0] * (1 + RESOLUTION), static * num):
+                continue                       # not above the best's goodput by more than the resolution
+            m = goodput.search(cluster, static * num, give_up)
             if m is None:
                 continue
             key: tuple = (-m.rate_per_s, num * c.tp)
@@ -289,12 +329,13 @@ def confirm_colocated(planner: Planner, goodput: Goodput, rate: float | None, ma
     meets, target_summary = None, None
     if rate is not None:
         for _ in range(MAX_BUMPS):
-            meets, target_summary = goodput.passes(c.cluster(num, tpb), rate)
+            meets, target_summary, target_run = goodput.run_at(c.cluster(num, tpb), rate)
             if meets or (max_gpus is not None and (num + 1) * c.tp > max_gpus):
                 break
             num += 1
         static *= num
-        m_num = goodput.search(c.cluster(num, tpb), static)
+        # the run at the target is the search's probe there: it starts from it when it passed
+        m_num = goodput.search(c.cluster(num, tpb), static, known=(rate, target_run) if meets else None)
         assert m_num is not None
         m = m_num
     return i, num, static, m, meets, target_summary

@@ -54,10 +54,14 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
         if not comparing or choice is None:
             return plan, None
         # the verification's run at the target rate, of the counts it chose, says whether they meet the target
-        verified = verdict is not None and rate is not None and \
+        same_counts = verdict is not None and \
             (verdict.num_prefill, verdict.num_decode) == (choice.num_prefill, choice.num_decode)
-        at_target = (verdict.passed, verdict.summary) if verified else None
-        return plan, compare.disaggregated_side(planner, choice, goodput, rate, at_target)
+        at_target = (verdict.passed, verdict.summary) if same_counts and rate is not None else None
+        # the goodput search starts from the verification's passing run of these counts (at the target, or at
+        # the budget's analytic rate)
+        known = (result.rate_per_s, verdict.run) if same_counts and verdict.passed and verdict.run is not None \
+            and result.rate_per_s is not None else None
+        return plan, compare.disaggregated_side(planner, choice, goodput, rate, at_target, known)
 
     if not comparing:
         return disaggregated()[0]

@@ -59,6 +59,7 @@ class Trial:
     tpot_q_s: float
     ttft_miss: float          # share of requests over the TTFT target
     tpot_miss: float
+    run: SimRun | None = None     # the whole run (None when stopped early)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Verdict:
     tpot_q_s: float
     num_simulations: int
     history: tuple[tuple[int, int, float], ...]    # (prefill, decode, attainment) per simulation (Trial's)
+    run: SimRun | None = None                      # the chosen counts' whole run
 
 
 def _trial(counts: Counts, run: SimRun, slo: Slo, warmup_s: float) -> Trial:
@@ -82,7 +84,7 @@ def _trial(counts: Counts, run: SimRun, slo: Slo, warmup_s: float) -> Trial:
     return Trial(counts, summary, attainment, attainment >= slo.attainment,
                  float(np.quantile(ttft, slo.attainment)),
                  float(np.quantile(tpot, slo.attainment)) if len(tpot) else 0.0,
-                 float(np.mean(ttft > slo.ttft_s)), float(np.mean(tpot > slo.tpot_s)) if len(tpot) else 0.0)
+                 float(np.mean(ttft > slo.ttft_s)), float(np.mean(tpot > slo.tpot_s)) if len(tpot) else 0.0, run)
 
 
 def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, link: KvLinkModel,
@@ -147,4 +149,4 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
     history = tuple((c[0], c[1], trials[c].attainment) for c in order)
     assert best.summary is not None           # only a trimmed configuration that failed stops early
     return Verdict(best.counts[0], best.counts[1], best.summary, best.passed, best.ttft_q_s, best.tpot_q_s,
-                   len(order), history)
+                   len(order), history, best.run)

@@ -38,22 +38,27 @@ def test_both_runs_the_first_in_a_child_and_recomputes_what_the_child_could_not_
 @pytest.mark.parametrize("name", ["budget-70b-fixed", "target-70b-fixed"])
 def test_the_plan_quotes_the_unpruned_colocated_search(name):
     """make_plan's colocated side (pruned, in a second process) is the one a plain search of every
-    shortlisted candidate to the end finds, figure for figure."""
+    shortlisted candidate to the end finds (with a budget: one within the search's resolution of it),
+    with the figures that search gives it."""
     from trtpd.planner import compare
     from trtpd.planner.search import Planner
+    from tests.unit.planner.test_pruning import check_pruned_choice, unpruned_sides
     problem = CASES[name]
     plan = make_plan(problem, VerifyOptions(num_requests=800, compare_requests=300))
     planner = Planner(problem)
     rate = problem.target.requests_per_s(planner.stats.mean_tokens_per_request) if problem.target else None
-    full = compare.colocated_side(planner, compare.Goodput(problem, 300, 0), rate, problem.space.max_gpus,
-                                  prune=False)
+    goodput = compare.Goodput(problem, 300, 0)
+    full = compare.colocated_side(planner, goodput, rate, problem.space.max_gpus, prune=False)
     quoted = plan.comparison.colocated
+    sides = unpruned_sides(planner, goodput, rate, problem.space.max_gpus)
+    check_pruned_choice(quoted.label, quoted.goodput_rate_per_s, full, sides, rate is None)
+    own = sides[quoted.label]
     assert (quoted.label, quoted.num_gpus, quoted.goodput_rate_per_s, quoted.static_rate_per_s,
             quoted.slo_attainment, quoted.ttft_s, quoted.tpot_s, quoted.meets_target) == \
-        (full.label, full.num_gpus, full.measured.rate_per_s, full.static_rate_per_s,
-         full.measured.summary.slo_attainment, full.measured.summary.ttft_s.as_dict(),
-         full.measured.summary.tpot_s.as_dict(), full.meets_target)
-    assert plan.colocated.num_instances == full.num_instances["colocated"]
+        (own.label, own.num_gpus, own.measured.rate_per_s, own.static_rate_per_s,
+         own.measured.summary.slo_attainment, own.measured.summary.ttft_s.as_dict(),
+         own.measured.summary.tpot_s.as_dict(), own.meets_target)
+    assert plan.colocated.num_instances == own.num_instances["colocated"]
 
 
 def test_a_child_that_does_not_answer_in_time_is_killed_and_its_part_computed_here(monkeypatch):

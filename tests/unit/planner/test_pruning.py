@@ -1,6 +1,9 @@
-"""The colocated search's pruning changes no answer: a candidate's goodput search stops only once its
-goodput is certain to lose to the best found (trtpd.planner.compare._Best), and the side chosen with
-pruning is the side chosen by searching every candidate to the end, figure for figure."""
+"""The colocated search's pruning: a candidate's goodput search stops only once its goodput is certain to
+lose to the best found (trtpd.planner.compare._Best); with a budget, a candidate that fails one probe at the
+best's goodput plus the search's resolution (1/32) is not searched (it cannot beat the best by more than
+the figures resolve). So the side chosen with pruning is the side chosen by searching every candidate to the
+end, figure for figure, or, with a budget, one whose goodput is within that resolution of it, with the
+figures its own search to the end gives."""
 
 import math
 
@@ -40,6 +43,25 @@ def _figures(side):
             m.rate_per_s, m.ttft_miss, m.tpot_miss, m.summary, side.target_summary, side.busy_shares())
 
 
+def unpruned_sides(planner, goodput, rate, max_gpus) -> dict:
+    """Every shortlisted candidate searched to the end, as the side it would be, by label."""
+    candidates = compare.shortlist(planner)
+    found = compare.search_colocated(planner, goodput, rate, max_gpus, candidates, list(range(len(candidates))),
+                                     prune=False)
+    sides = [compare.best_colocated(planner, goodput, rate, max_gpus, candidates, [f]) for f in found]
+    return {side.label: side for side in sides}
+
+
+def check_pruned_choice(pruned_label: str, pruned_rate: float, full, sides: dict, budget: bool) -> None:
+    """The pruned choice against the unpruned best `full`: the same side, or (a budget) a side whose
+    goodput is within the resolution of it; its figures are its own unpruned search's either way."""
+    assert pruned_label in sides
+    if budget:
+        assert pruned_rate * (1 + compare.RESOLUTION) > full.measured.rate_per_s
+    else:
+        assert pruned_label == full.label
+
+
 @pytest.mark.parametrize("order", ["promise", "reversed"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_pruned_search_chooses_the_same_side(name, order, monkeypatch):
@@ -61,10 +83,13 @@ def test_pruned_search_chooses_the_same_side(name, order, monkeypatch):
     full = compare.colocated_side(planner, goodput, rate, problem.space.max_gpus, prune=False)
     num_full, runs[:] = len(runs), []
     pruned = compare.colocated_side(planner, goodput, rate, problem.space.max_gpus, prune=True)
+    num_pruned = len(runs)
     assert full is not None and pruned is not None
-    assert _figures(pruned) == _figures(full)
+    sides = unpruned_sides(planner, goodput, rate, problem.space.max_gpus)
+    check_pruned_choice(pruned.label, pruned.measured.rate_per_s, full, sides, rate is None)
+    assert _figures(pruned) == _figures(sides[pruned.label])
     assert len(compare.shortlist(planner)) > 1
-    assert len(runs) < num_full or order == "reversed"  # pruning skipped simulations
+    assert num_pruned < num_full or order == "reversed"  # pruning skipped simulations
 
 
 @pytest.mark.parametrize("rate", [None, 7.5, 31.0])
@@ -157,3 +182,32 @@ def test_static_rates_with_the_step_memo_are_the_same(name):
     assert num_hits                                     # later candidates met steps computed before
     shortlisted = compare.shortlist(planner)
     assert [r for _, r in shortlisted] == [static_rate_per_s(c, planner.stats, slo) for c, _ in shortlisted]
+
+
+def test_a_search_started_from_a_known_run_does_not_simulate_it_again(monkeypatch):
+    """Goodput.search(known=(rate, run)): the run stands for the probe at that rate (no simulation there)
+    and the search starts from it. Where the known rate is the search's own start, the figures are those of
+    the search that simulates that probe itself."""
+    problem = CASES["target-70b-fixed"]
+    planner = Planner(problem)
+    goodput = compare.Goodput(problem, 300, 0)
+    c, static = compare.shortlist(planner)[0]
+    cluster = c.cluster(2, problem.space.tokens_per_block)
+    rate = compare.START_SHARE * (2 * static)      # where a search of two instances starts
+    ok, summary, run = goodput.run_at(cluster, rate)
+    assert ok
+    simulated = []
+    simulator = compare.Goodput._simulator
+
+    def counted(self, cluster_, rate_):
+        simulated.append(rate_)
+        return simulator(self, cluster_, rate_)
+    monkeypatch.setattr(compare.Goodput, "_simulator", counted)
+    seeded = goodput.search(cluster, 2 * static, known=(rate, run))
+    seeded_rates, simulated[:] = list(simulated), []
+    plain = goodput.search(cluster, 2 * static)
+    assert rate not in seeded_rates and seeded_rates[0] == rate * compare.GROWTH
+    assert simulated[0] == rate and simulated[1:] == seeded_rates        # one simulation fewer
+    assert (seeded.rate_per_s, seeded.ttft_miss, seeded.tpot_miss, seeded.summary) == \
+        (plain.rate_per_s, plain.ttft_miss, plain.tpot_miss, plain.summary)
+    assert seeded.rate_per_s >= rate
