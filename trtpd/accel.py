@@ -19,21 +19,17 @@ else: a shared object is code, and nobody else's gets loaded.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
 import os
-import shutil
 import stat
 import sys
 import sysconfig
-import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
+
+# (every `import trtpd` runs install(): what only build() needs is imported there)
 
 # the modules whose time the simulator spends (a pure-Python module here, compiled as it is)
 MODULES = (
@@ -78,11 +74,17 @@ def source_path(module: str) -> Path:
 
 
 def source_sha256(path: Path) -> str:
+    import hashlib
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def private_dir_problem(path: Path) -> str | None:
-    """Why `path` must not be loaded from (None: it is this user's, and no one else can write to it)."""
+    """Why `path` must not be loaded from (None: it and the directory holding it are this user's, and no
+    one else can write to either: nobody else can put a shared object there or swap the directory)."""
+    return _dir_problem(path) or _dir_problem(path.parent)
+
+
+def _dir_problem(path: Path) -> str | None:
     try:
         st = path.lstat()
     except OSError as e:
@@ -96,8 +98,7 @@ def private_dir_problem(path: Path) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(NamedTuple):
     directory: Path
     enabled: bool                  # not switched off by TRTPD_NO_ACCEL
     problem: str | None            # why nothing is loaded from the directory, if so
@@ -148,7 +149,7 @@ def status(directory: Path | None = None) -> Status:
     return Status(directory, enabled, problem, tuple(fresh), tuple(stale), tuple(missing), loaded)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:        # a sys.meta_path finder (importlib.abc.MetaPathFinder's protocol; that import is slow)
     """Finds the compiled copy of a module in MODULES when it was built from the source there is now."""
 
     def __init__(self, directory: Path, manifest: dict) -> None:
@@ -186,33 +187,43 @@ def install(directory: Path | None = None) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def _output_to(path: Path | None):
-    """Sends this process's stdout and stderr (file descriptors 1 and 2: the compiler's too) to path."""
-    if path is None:
-        yield
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(path, "wb") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
+class _output_to:
+    """Sends this process's stdout and stderr (file descriptors 1 and 2: the compiler's too) to path (None:
+    leaves them)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        if self.path is None:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.saved = os.dup(1), os.dup(2)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+    def __exit__(self, *exc) -> None:
+        if self.path is None:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, fd in zip((1, 2), self.saved):
+            os.dup2(fd, target)
+            os.close(fd)
 
 
 def build(directory: Path | None = None, modules: tuple[str, ...] = MODULES, jobs: int | None = None,
           quiet: bool = True) -> Status:
     """Compiles `modules` (Cython, then the C compiler) into `directory`, replacing what was there; raises
     RuntimeError naming what failed (Cython not installed, no C compiler, a module that does not compile)."""
+    import fcntl
+    import hashlib
+    import shutil
+    import tempfile
+    import time
     try:
         from Cython.Build import cythonize
         from setuptools import Extension, setup
@@ -254,25 +265,30 @@ def build(directory: Path | None = None, modules: tuple[str, ...] = MODULES, job
             tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
             raise RuntimeError(f"compiling the simulator's modules failed: {failure}" +
                                "".join(f"\n  {line}" for line in tail)) from failure
-        staged = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-        manifest = {}
-        for module in modules:
-            rel = Path(*module.split("."))
-            found = [p for p in (out / rel.parent).glob(rel.name + ".*") if p.suffix in (".so", ".pyd")]
-            if len(found) != 1:
-                raise RuntimeError(f"{module}: the build left {len(found)} compiled files")
-            name = module + "".join(found[0].suffixes)
-            shutil.copy2(found[0], staged / name)
-            manifest[module] = {"file": name, "sha256": shas[module]}
-        (staged / MANIFEST).write_text(json.dumps(
-            {"abi": abi_tag(), "cython": Cython.__version__, "built_at": time.time(), "modules": manifest},
-            indent=1, sort_keys=True))
-        os.chmod(staged, 0o700)
-        old = None
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old.{os.getpid()}")
-            directory.rename(old)
-        staged.rename(directory)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))   # mode 0700
+        try:
+            manifest = {}
+            for module in modules:
+                rel = Path(*module.split("."))
+                found = [p for p in (out / rel.parent).glob(rel.name + ".*") if p.suffix in (".so", ".pyd")]
+                if len(found) != 1:
+                    raise RuntimeError(f"{module}: the build left {len(found)} compiled files")
+                name = module + "".join(found[0].suffixes)
+                shutil.copy2(found[0], staged / name)
+                manifest[module] = {"file": name, "sha256": shas[module]}
+            (staged / MANIFEST).write_text(json.dumps(
+                {"abi": abi_tag(), "cython": Cython.__version__, "built_at": time.time(), "modules": manifest},
+                indent=1, sort_keys=True))
+            with open(directory.parent / ".build.lock", "w") as lock:   # one swap at a time
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                old = None
+                if directory.exists():
+                    old = directory.with_name(f".{directory.name}.old.{os.getpid()}")
+                    directory.rename(old)
+                staged.rename(directory)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
     return status(directory)

@@ -123,10 +123,10 @@ def test_a_module_built_from_other_source_is_imported_as_python(accel_root, tmp_
     assert "1 stale" in st.describe() and "trtpd.sim.events" in st.describe()
 
 
-@pytest.mark.parametrize("mode", [0o770, 0o707])
-def test_a_build_others_can_write_to_is_not_loaded(accel_root, tmp_path, mode):
+@pytest.mark.parametrize("where,mode", [("build", 0o770), ("build", 0o707), ("parent", 0o770)])
+def test_a_build_others_can_write_to_is_not_loaded(accel_root, tmp_path, where, mode):
     root = _copy_build(accel_root, tmp_path)
-    (root / accel.abi_tag()).chmod(mode)
+    (root / accel.abi_tag() if where == "build" else root).chmod(mode)
     out = _run({accel.DIR_ENV: str(root)}, LOADED)
     assert out["loaded"] == [] and out["events"].endswith("events.py")
     st = accel.status(root / accel.abi_tag())
@@ -150,3 +150,16 @@ def test_another_interpreters_build_is_not_loaded(accel_root, tmp_path):
 def test_status_without_a_build_says_so(tmp_path):
     st = accel.status(tmp_path / "nothing" / accel.abi_tag())
     assert st.fresh == () and "not built" in st.describe() and "trtpd accel build" in st.describe()
+
+
+def test_build_compiles_what_it_is_asked_into_a_private_directory(tmp_path):
+    """The build itself (one small module, about 5 s): a directory of mode 0700 with the manifest, used by
+    a new interpreter for that module alone."""
+    root = tmp_path / "root"
+    st = accel.build(accel.build_dir(root), modules=("trtpd.sim.sequence",), jobs=1)
+    assert st.fresh == ("trtpd.sim.sequence",) and len(st.missing) == len(accel.MODULES) - 1
+    assert (accel.build_dir(root).stat().st_mode & 0o777) == 0o700
+    assert not [p for p in root.iterdir() if p.name.startswith(".") and p.is_dir()]   # nothing staged left
+    out = _run({accel.DIR_ENV: str(root)}, "import json, sys, trtpd.sim.sequence, trtpd.sim.events; "
+               "json.dump([trtpd.sim.sequence.__file__, trtpd.sim.events.__file__], sys.stdout)")
+    assert out[0].endswith(".so") and out[1].endswith("events.py")
