@@ -37,6 +37,19 @@ CASES = {   # budget and target mode, fixed and mixed lengths, models whose TP d
 }
 
 
+@pytest.fixture()
+def simulated_rates(monkeypatch) -> list[float]:
+    """The rate of every simulation a Goodput sets up, in order."""
+    rates: list[float] = []
+    simulator = compare.Goodput._simulator
+
+    def counted(self, cluster, rate):
+        rates.append(rate)
+        return simulator(self, cluster, rate)
+    monkeypatch.setattr(compare.Goodput, "_simulator", counted)
+    return rates
+
+
 def _figures(side):
     m = side.measured
     return (side.label, side.num_gpus, side.num_instances, side.static_rate_per_s, side.meets_target,
@@ -64,7 +77,7 @@ def check_pruned_choice(pruned_label: str, pruned_rate: float, full, sides: dict
 
 @pytest.mark.parametrize("order", ["promise", "reversed"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_pruned_search_chooses_the_same_side(name, order, monkeypatch):
+def test_pruned_search_chooses_the_same_side(name, order, monkeypatch, simulated_rates):
     """In the planner's order (most promising first) and the reverse (the best found last)."""
     problem = CASES[name]
     if order == "reversed":
@@ -72,13 +85,7 @@ def test_pruned_search_chooses_the_same_side(name, order, monkeypatch):
         monkeypatch.setattr(compare, "_promise", lambda *a: tuple(-x for x in promise(*a)))
     planner = Planner(problem)
     rate = problem.target.requests_per_s(planner.stats.mean_tokens_per_request) if problem.target else None
-    runs = []
-    simulator = compare.Goodput._simulator
-
-    def counted(self, cluster, rate_):
-        runs.append(rate_)
-        return simulator(self, cluster, rate_)
-    monkeypatch.setattr(compare.Goodput, "_simulator", counted)
+    runs = simulated_rates
     goodput = compare.Goodput(problem, 300, 0)
     full = compare.colocated_side(planner, goodput, rate, problem.space.max_gpus, prune=False)
     num_full, runs[:] = len(runs), []
@@ -184,7 +191,7 @@ def test_static_rates_with_the_step_memo_are_the_same(name):
     assert [r for _, r in shortlisted] == [static_rate_per_s(c, planner.stats, slo) for c, _ in shortlisted]
 
 
-def test_a_search_started_from_a_known_run_does_not_simulate_it_again(monkeypatch):
+def test_a_search_started_from_a_known_run_does_not_simulate_it_again(simulated_rates):
     """Goodput.search(known=(rate, run)): the run stands for the probe at that rate (no simulation there)
     and the search starts from it. Where the known rate is the search's own start, the figures are those of
     the search that simulates that probe itself."""
@@ -196,13 +203,8 @@ def test_a_search_started_from_a_known_run_does_not_simulate_it_again(monkeypatc
     rate = compare.START_SHARE * (2 * static)      # where a search of two instances starts
     ok, summary, run = goodput.run_at(cluster, rate)
     assert ok
-    simulated = []
-    simulator = compare.Goodput._simulator
-
-    def counted(self, cluster_, rate_):
-        simulated.append(rate_)
-        return simulator(self, cluster_, rate_)
-    monkeypatch.setattr(compare.Goodput, "_simulator", counted)
+    simulated = simulated_rates
+    simulated.clear()
     seeded = goodput.search(cluster, 2 * static, known=(rate, run))
     seeded_rates, simulated[:] = list(simulated), []
     plain = goodput.search(cluster, 2 * static)
