@@ -285,7 +285,7 @@ def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max
             if num < 1:
                 continue
             cluster = c.cluster(num, tpb)
-            if prune and best.key is not None and \
+            if prune and best.key is not None and -best.key[0] > 0 and \
                     not goodput.reaches(cluster, -best.key[0] * (1 + RESOLUTION), static * num):
                 continue                       # not above the best's goodput by more than the resolution
             m = goodput.search(cluster, static * num, give_up)

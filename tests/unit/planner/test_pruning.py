@@ -213,3 +213,21 @@ def test_a_search_started_from_a_known_run_does_not_simulate_it_again(simulated_
     assert (seeded.rate_per_s, seeded.ttft_miss, seeded.tpot_miss, seeded.summary) == \
         (plain.rate_per_s, plain.ttft_miss, plain.tpot_miss, plain.summary)
     assert seeded.rate_per_s >= rate
+
+
+def test_a_budget_no_candidate_meets_is_searched_without_a_challenge_at_rate_zero(simulated_rates, monkeypatch):
+    """When the best found has goodput 0 (nothing met the SLOs), the next candidates are searched (there is
+    no rate to beat), never probed at rate 0."""
+    problem = CASES["budget-8b-chat"]
+    planner = Planner(problem)
+    searched = []
+
+    def nothing_meets(self, cluster, static_rate_per_s, give_up=None, decide_early=True, known=None):
+        searched.append(cluster.decode.num_instances)
+        return compare.Measured(0.0, None, None, 1.0, 1.0)
+    monkeypatch.setattr(compare.Goodput, "search", nothing_meets)
+    candidates = compare.shortlist(planner)
+    found = compare.search_colocated(planner, compare.Goodput(problem, 200, 0), None, problem.space.max_gpus,
+                                     candidates, compare.search_order(candidates, None, problem.space.max_gpus))
+    assert len(candidates) > 1 and len(searched) == len(found) == len(candidates)
+    assert simulated_rates == []            # no challenge probe (it would have been at rate 0)
