@@ -310,7 +310,7 @@ def best_colocated(planner: Planner, goodput: Goodput, rate: float | None, max_g
                    candidates: list[tuple[ColocatedCandidate, float]], found: list[Found]) -> Side | None:
     """The smallest key (the first in shortlist order among equals), as a Side."""
     chosen = confirm_colocated(planner, goodput, rate, max_gpus, candidates, found)
-    return None if chosen is None else colocated_side_of(candidates, chosen)
+    return None if chosen is None else colocated_side_of(candidates[chosen[0]][0], chosen)
 
 
 Chosen = tuple[int, int, float, Measured, bool | None, SimSummary | None]  # index, instances, static, goodput,
@@ -341,9 +341,26 @@ def confirm_colocated(planner: Planner, goodput: Goodput, rate: float | None, ma
     return i, num, static, m, meets, target_summary
 
 
-def colocated_side_of(candidates: list[tuple[ColocatedCandidate, float]], chosen: Chosen) -> Side:
-    i, num, static, m, meets, target_summary = chosen
-    c = candidates[i][0]
+def candidate_key(c: ColocatedCandidate) -> tuple[int, str, int]:
+    """What names a colocated candidate among a planner's (it pickles; the candidate's performance model
+    need not)."""
+    return c.tp, c.policy, c.max_num_tokens
+
+
+def candidate_of(planner: Planner, key: tuple[int, str, int]) -> ColocatedCandidate:
+    """The candidate candidate_key names, made again from the planner's decode candidates (without the
+    shortlist's static estimates)."""
+    for d in planner.decodes:
+        if d.tp == key[0]:
+            for c in candidates_for(d, planner.max_input_len):
+                if candidate_key(c) == key:
+                    return c
+    raise KeyError(f"no colocated candidate {key}")
+
+
+def colocated_side_of(c: ColocatedCandidate, chosen: Chosen) -> Side:
+    """chosen: confirm_colocated's answer, whose candidate is c."""
+    _, num, static, m, meets, target_summary = chosen
     return Side("colocated", f"{num}x TP{c.tp} {c.policy}", num * c.tp, {"colocated": c.tp}, {"colocated": num},
                 {"colocated": c.max_batch_size}, {"colocated": c.max_num_tokens}, static, m, c.inst.source,
                 policy=c.policy, meets_target=meets, target_summary=target_summary, colocated=c)

@@ -28,22 +28,23 @@ class VerifyOptions:
 
 
 def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
-    result = plan_search(problem)
-    planner = result.planner
-    assert planner is not None
-    rate = result.rate_per_s if problem.target is not None else None     # the comparison's target, if any
+    planner = Planner(problem)
+    # the comparison's target, if any (plan_search's target rate)
+    rate = problem.target.requests_per_s(planner.stats.mean_tokens_per_request) if problem.target else None
     budget = problem.space.max_gpus
     comparing = options.enabled and options.compare_colocated and bool(planner.decodes) and \
         not (rate is None and budget is None)
     goodput = compare.Goodput(problem, options.compare_requests, options.seed)
-    candidates = compare.shortlist(planner) if comparing else []
-    order = compare.search_order(candidates, rate, budget)
 
-    def colocated() -> compare.Chosen | None:       # picklable: no performance model in it
-        found = compare.search_colocated(planner, goodput, rate, budget, candidates, order)
-        return compare.confirm_colocated(planner, goodput, rate, budget, candidates, found)
+    def colocated() -> tuple[tuple, compare.Chosen] | None:   # picklable: no performance model in it
+        candidates = compare.shortlist(planner)
+        found = compare.search_colocated(planner, goodput, rate, budget, candidates,
+                                         compare.search_order(candidates, rate, budget))
+        chosen = compare.confirm_colocated(planner, goodput, rate, budget, candidates, found)
+        return None if chosen is None else (compare.candidate_key(candidates[chosen[0]][0]), chosen)
 
-    def disaggregated() -> tuple[Plan, compare.Side | None]:
+    def disaggregated() -> tuple[Plan, compare.Side | None, SearchResult]:
+        result = plan_search(problem, planner)
         verify = options if problem.target is not None else replace(options, try_fewer=False)  # a budget: keep
         choice, verdict = result.choice, None                                                # its GPUs
         if choice is not None:
@@ -52,7 +53,7 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
                 choice, verdict = _verified(problem, result, choice, result.rate_per_s, verify)
         plan = _to_plan(problem, result, choice, verdict)
         if not comparing or choice is None:
-            return plan, None
+            return plan, None, result
         # the verification's run at the target rate, of the counts it chose, says whether they meet the target
         same_counts = verdict is not None and \
             (verdict.num_prefill, verdict.num_decode) == (choice.num_prefill, choice.num_decode)
@@ -61,13 +62,14 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
         # the budget's analytic rate)
         known = (result.rate_per_s, verdict.run) if same_counts and verdict.passed and verdict.run is not None \
             and result.rate_per_s is not None else None
-        return plan, compare.disaggregated_side(planner, choice, goodput, rate, at_target, known)
+        return plan, compare.disaggregated_side(planner, choice, goodput, rate, at_target, known), result
 
     if not comparing:
         return disaggregated()[0]
-    # the colocated search needs nothing of the disaggregated side: both at once (trtpd.planner.parallel)
-    chosen, (plan, disagg) = parallel.both(colocated, disaggregated, options.parallel)
-    coloc = None if chosen is None else compare.colocated_side_of(candidates, chosen)
+    # the colocated search needs nothing of the disaggregated side, not even its analytic search: both at once
+    # (trtpd.planner.parallel)
+    found, (plan, disagg, result) = parallel.both(colocated, disaggregated, options.parallel)
+    coloc = None if found is None else compare.colocated_side_of(compare.candidate_of(planner, found[0]), found[1])
     _add_comparison(plan, result, disagg, coloc, rate)
     return plan
 

@@ -195,8 +195,9 @@ class Planner:
         return self.choice(cfg, num_p, num_d, best_rate, kind)
 
 
-def plan_search(problem: PlanProblem) -> SearchResult:
-    planner = Planner(problem)
+def plan_search(problem: PlanProblem, planner: Planner | None = None) -> SearchResult:
+    """planner: Planner(problem), when the caller made it already."""
+    planner = planner or Planner(problem)
     target, space = problem.target, problem.space
     rate = target.requests_per_s(planner.stats.mean_tokens_per_request) if target else None
     result = SearchResult(planner.stats, planner.max_input_len, planner.max_seq_len, rate, None, False,
