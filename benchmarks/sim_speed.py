@@ -77,15 +77,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scenario", type=int, default=None, help="(internal) one scenario, here, as JSON")
     args = ap.parse_args()
+    from trtpd import accel
     if args.scenario is not None:
-        from trtpd import accel
         loaded = len(accel.status().loaded)
         rows = scenario(args.scenario, args.num_requests, args.repeats)
         for row in rows:
             row["compiled_modules"] = loaded
         json.dump(rows, sys.stdout)
         return
-    from trtpd import accel
     print(accel.status().describe())
     print(f"simulated requests per second (best of {args.repeats}, and the median), compiled modules against "
           f"the Python source in the same run:")

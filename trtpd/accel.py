@@ -1,10 +1,10 @@
 """Compiled copies of the simulator's hot modules (Cython), used only while they match their source.
 
 The simulator and the planner spend their time in a few pure-Python modules (the event loop, the
-instances, the schedulers, the router, the roofline). `build()` compiles those modules, unchanged, with
-Cython: no type declarations, Python semantics throughout (every float operation is the one CPython does),
-so a run gives the same floats, bit for bit, compiled or not (tests/unit/sim/test_accel.py checks it), and
-about 1.5x faster. Nothing needs them: without a build, or with TRTPD_NO_ACCEL=1, every module is the
+instances, the schedulers, the router, the roofline, the planner's searches and estimates). `build()`
+compiles those modules, unchanged, with Cython: no type declarations, Python semantics throughout (every
+float operation is the one CPython does), so a run gives the same floats, bit for bit, compiled or not
+(tests/unit/sim/test_accel.py checks it), and 1.2-1.6x faster. Nothing needs them: without a build, or with TRTPD_NO_ACCEL=1, every module is the
 Python source.
 
 A compiled module is imported only when the sha256 of its source, recorded at build time, is the source's
@@ -75,9 +75,35 @@ def source_path(module: str) -> Path:
     return PACKAGE_DIR.joinpath(*parts[1:]).with_suffix(".py")
 
 
-def source_sha256(path: Path) -> str:
+def sha256_hex(data: bytes) -> str:
     import hashlib
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(data).hexdigest()
+
+
+def source_sha256(path: Path) -> str:
+    return sha256_hex(path.read_bytes())
+
+
+def enabled() -> bool:
+    """Not switched off by TRTPD_NO_ACCEL."""
+    return os.environ.get(DISABLE_ENV, "") in ("", "0")
+
+
+def compiled_file(directory: Path, module: str, entry: dict | None) -> tuple[str, Path | None]:
+    """What the manifest entry of `module` gives this interpreter: ("fresh", its shared object), or
+    ("missing" | "stale", None): not built, built for another ABI, or built from another version of its
+    source (which is then the module)."""
+    if entry is None:
+        return "missing", None
+    so = directory / entry["file"]
+    if not entry["file"].endswith(importlib.machinery.EXTENSION_SUFFIXES[0]) or not so.is_file():
+        return "missing", None
+    try:
+        if entry["sha256"] != source_sha256(source_path(module)):
+            return "stale", None
+    except OSError:
+        return "stale", None
+    return "fresh", so
 
 
 def private_dir_problem(path: Path) -> str | None:
@@ -109,6 +135,16 @@ class Status(NamedTuple):
     missing: tuple[str, ...]       # not built
     loaded: tuple[str, ...]        # imported compiled in this process
 
+    @property
+    def built(self) -> bool:
+        """Every module in MODULES is built, fresh, in a directory it may be loaded from."""
+        return self.problem is None and len(self.fresh) == len(MODULES)
+
+    @property
+    def complete(self) -> bool:
+        """Every module in MODULES would be imported compiled."""
+        return self.enabled and self.built
+
     def describe(self) -> str:
         if not self.enabled:
             return f"compiled modules: off ({DISABLE_ENV}=1); every module is Python"
@@ -132,23 +168,17 @@ def _read_manifest(directory: Path) -> dict:
 
 def status(directory: Path | None = None) -> Status:
     directory = directory or build_dir()
-    enabled = os.environ.get(DISABLE_ENV, "") in ("", "0")
     problem = private_dir_problem(directory)
     manifest = {} if problem else _read_manifest(directory)
-    fresh, stale, missing = [], [], []
+    found: dict[str, list[str]] = {"fresh": [], "stale": [], "missing": []}
     for module in MODULES:
-        entry = manifest.get(module)
-        if entry is None or not (directory / entry["file"]).is_file():
-            missing.append(module)
-        elif entry["sha256"] != source_sha256(source_path(module)):
-            stale.append(module)
-        else:
-            fresh.append(module)
+        found[compiled_file(directory, module, manifest.get(module))[0]].append(module)
     loaded = tuple(m for m in MODULES if getattr(sys.modules.get(m), "__file__", "").endswith(
         tuple(importlib.machinery.EXTENSION_SUFFIXES)))
     if problem and "No such file" in problem:
         problem = f"not built ({directory} does not exist; run `trtpd accel build`)"
-    return Status(directory, enabled, problem, tuple(fresh), tuple(stale), tuple(missing), loaded)
+    return Status(directory, enabled(), problem, tuple(found["fresh"]), tuple(found["stale"]),
+                  tuple(found["missing"]), loaded)
 
 
 class _Finder:        # a sys.meta_path finder (importlib.abc.MetaPathFinder's protocol; that import is slow)
@@ -160,22 +190,17 @@ class _Finder:        # a sys.meta_path finder (importlib.abc.MetaPathFinder's p
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 (importlib's protocol)
         entry = self.manifest.get(fullname)
         if entry is None:
-            return None
-        try:
-            if entry["sha256"] != source_sha256(source_path(fullname)):
-                return None                       # stale: the source is the module
-        except OSError:
-            return None
-        so = self.directory / entry["file"]
-        if not so.is_file() or not entry["file"].endswith(importlib.machinery.EXTENSION_SUFFIXES[0]):
-            return None                           # built for another interpreter's ABI
+            return None                           # not one of MODULES: the usual finders
+        _, so = compiled_file(self.directory, fullname, entry)
+        if so is None:
+            return None                           # the Python source is the module
         loader = importlib.machinery.ExtensionFileLoader(fullname, str(so))
         return importlib.util.spec_from_file_location(fullname, so, loader=loader)
 
 
 def install(directory: Path | None = None) -> bool:
     """Puts the finder first on sys.meta_path (once); False when nothing would be loaded from there."""
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+    if not enabled():
         return False
     if any(isinstance(f, _Finder) for f in sys.meta_path):
         return True
@@ -222,7 +247,6 @@ def build(directory: Path | None = None, modules: tuple[str, ...] = MODULES, job
     """Compiles `modules` (Cython, then the C compiler) into `directory`, replacing what was there; raises
     RuntimeError naming what failed (Cython not installed, no C compiler, a module that does not compile)."""
     import fcntl
-    import hashlib
     import shutil
     import tempfile
     import time
@@ -241,7 +265,7 @@ def build(directory: Path | None = None, modules: tuple[str, ...] = MODULES, job
         for module in modules:                  # a copy, so that what is compiled is what is hashed
             src = source_path(module)
             data = src.read_bytes()
-            shas[module] = hashlib.sha256(data).hexdigest()
+            shas[module] = sha256_hex(data)
             dst = work / "src" / Path(*module.split(".")).with_suffix(".py")
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_bytes(data)

@@ -139,13 +139,11 @@ def ready_or_restarted(starter: Starter, fleet: FleetRecord, plan: InstancePlan,
     """Waits until `inst` is ready; one that crashed while starting, or lost a port to another program before it
     could listen on it, is started again with new ports (until_ready), in the same place in fleet.json. Returns
     the instance that became ready."""
-    plans = [plan]
-
     def start_again(old: InstanceRecord) -> InstanceRecord:
+        nonlocal plan
         used = used_ports(fleet)
-        plans.append(dataclasses.replace(plans[-1], ports=pick_ports(used),
-                                         kv_port=pick_port(used) if plans[-1].kv_port else 0))
-        new = starter.start(fleet, plans[-1])
+        plan = dataclasses.replace(plan, ports=pick_ports(used), kv_port=pick_port(used) if plan.kv_port else 0)
+        new = starter.start(fleet, plan)
         fleet.instances[fleet.instances.index(old)] = new
         fleet.save()
         return new

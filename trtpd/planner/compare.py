@@ -120,19 +120,25 @@ class Goodput:
         ok, summary, _ = self.run_at(cluster, rate)
         return ok, summary
 
+    def _decided(self, cluster: ClusterSpec, rate: float) -> tuple[Simulator, bool | None]:
+        """The probe at `rate`, run until its pass or fail is certain (AttainmentWatch): the simulator (go on
+        with _finish) and True/False, or None when it ran to its end undecided (decide it from _finish)."""
+        slo = self.problem.slo
+        sim = self._simulator(cluster, rate)
+        watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=self.warmup_s,
+                                response_latency_s=cluster.response_latency_s)
+        return sim, (None if sim.run_until_decided(watch) else bool(watch.passed))
+
     def reaches(self, cluster: ClusterSpec, rate: float, static_rate_per_s: float) -> bool:
         """Whether the probe a search would run at `rate` passes (it stops once that is certain). With the
         SLO attainment falling as the rate rises (the same requests, closer together), a failing one says
         the goodput is below `rate` in one probe, where a search takes about five."""
         if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
             return False
-        slo = self.problem.slo
-        sim = self._simulator(cluster, rate)
-        watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=self.warmup_s,
-                                response_latency_s=cluster.response_latency_s)
-        if not sim.run_until_decided(watch):
-            return bool(watch.passed)
-        return (self._finish(sim)[1].slo_attainment or 0.0) >= slo.attainment
+        sim, passed = self._decided(cluster, rate)
+        if passed is not None:
+            return passed
+        return (self._finish(sim)[1].slo_attainment or 0.0) >= self.problem.slo.attainment
 
     def run_at(self, cluster: ClusterSpec, rate: float) -> tuple[bool, SimSummary, SimRun]:
         """The probe a search would run at `rate`, to its end: whether it passes, its summary and run (a
@@ -162,13 +168,13 @@ class Goodput:
                 return seen[rate][1].slo_attainment or 0.0
             if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
                 return 0.0
-            sim = self._simulator(cluster_, rate)
             if decide_early:
-                watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=self.warmup_s,
-                                        response_latency_s=cluster_.response_latency_s)
-                if not sim.run_until_decided(watch):
+                sim, passed = self._decided(cluster_, rate)
+                if passed is not None:
                     stopped[rate] = sim        # only pass or fail matters to the search
-                    return slo.attainment if watch.passed else 0.0
+                    return slo.attainment if passed else 0.0
+            else:
+                sim = self._simulator(cluster_, rate)
             seen[rate] = self._finish(sim)
             return seen[rate][1].slo_attainment or 0.0
 

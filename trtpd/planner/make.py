@@ -29,8 +29,7 @@ class VerifyOptions:
 
 def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) -> Plan:
     planner = Planner(problem)
-    # the comparison's target, if any (plan_search's target rate)
-    rate = problem.target.requests_per_s(planner.stats.mean_tokens_per_request) if problem.target else None
+    rate = planner.target_rate_per_s()      # the comparison's target, if any
     budget = problem.space.max_gpus
     comparing = options.enabled and options.compare_colocated and bool(planner.decodes) and \
         not (rate is None and budget is None)
@@ -60,8 +59,7 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
         at_target = (verdict.passed, verdict.summary) if same_counts and rate is not None else None
         # the goodput search starts from the verification's passing run of these counts (at the target, or at
         # the budget's analytic rate)
-        known = (result.rate_per_s, verdict.run) if same_counts and verdict.passed and verdict.run is not None \
-            and result.rate_per_s is not None else None
+        known = (result.rate_per_s, verdict.run) if same_counts and verdict.passed else None
         return plan, compare.disaggregated_side(planner, choice, goodput, rate, at_target, known), result
 
     if not comparing:

@@ -95,6 +95,11 @@ class Planner:
             (self.rejected if isinstance(c, Rejected) else self.decodes).append(c)
         self._decode_rate: dict[tuple[int, int, str, float], float] = {}
 
+    def target_rate_per_s(self) -> float | None:
+        """The problem's target as requests/s (a tokens/min target through the workload's mean lengths)."""
+        target = self.problem.target
+        return target.requests_per_s(self.stats.mean_tokens_per_request) if target else None
+
     # -- configuration building blocks ----------------------------------------------------------------
     def link(self, tp_prefill: int, tp_decode: int, kind: str) -> KvLinkModel:
         bw = kv_link_bytes_per_s(self.problem.hardware, kind, tp_prefill, tp_decode)
@@ -198,8 +203,8 @@ class Planner:
 def plan_search(problem: PlanProblem, planner: Planner | None = None) -> SearchResult:
     """planner: Planner(problem), when the caller made it already."""
     planner = planner or Planner(problem)
-    target, space = problem.target, problem.space
-    rate = target.requests_per_s(planner.stats.mean_tokens_per_request) if target else None
+    space = problem.space
+    rate = planner.target_rate_per_s()
     result = SearchResult(planner.stats, planner.max_input_len, planner.max_seq_len, rate, None, False,
                           rejected=list(planner.rejected), planner=planner)
     context = problem.model.max_position_embeddings

@@ -65,7 +65,7 @@ json.dump(out, sys.stdout)
 def accel_root(tmp_path_factory) -> Path:
     """A root whose build (root / abi_tag) is fresh for every module."""
     st = accel.status()
-    if st.problem is None and len(st.fresh) == len(accel.MODULES):
+    if st.complete:
         return st.directory.parent
     root = tmp_path_factory.mktemp("accel")
     built = accel.build(accel.build_dir(root))
