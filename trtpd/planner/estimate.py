@@ -53,7 +53,7 @@ class Config:
         batch, _ = dm.mean_batch(rate_d)
         batch_p, tpot_p = dm.tail(rate_d, p)
         link_rho = rate_d * self.link.transfer_s(self.link.stats.input.mean)
-        wait_p, own = self.prefill.model.ttft_parts_s(rate_p, p)
+        wait_p, own = self.prefill.model.ttft_parts_s(rate_p, p, num_prefill)
         ttft = (wait_p + own + self.decode_side_ttft_s(rate_d, p)) * self.ttft_correction
         tpot_p *= self.tpot_correction
         pm = self.prefill.model
@@ -94,12 +94,13 @@ class Config:
         hi = dm.max_batch_size / (dm.steps_mean * dm.step_s(1.0))
         return bisect_max(ok, hi)
 
-    def prefill_rate_max(self, ttft_budget_s: float, p: float) -> float:
-        """Highest rate per prefill instance whose wait_p + own batch fits in ttft_budget_s."""
+    def prefill_rate_max(self, ttft_budget_s: float, p: float, num_prefill: int = 1) -> float:
+        """Highest rate per prefill instance whose wait_p + own batch fits in ttft_budget_s, with num_prefill
+        instances behind one router."""
         pm = self.prefill.model
 
         def ok(rate: float) -> bool:
-            wait_p, own = pm.ttft_parts_s(rate, p)
+            wait_p, own = pm.ttft_parts_s(rate, p, num_prefill)
             return wait_p + own <= ttft_budget_s
         return bisect_max(ok, pm.capacity_per_s())
 

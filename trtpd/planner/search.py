@@ -123,10 +123,9 @@ class Planner:
             return 0, 0, "tpot"
         num_d = max(1, math.ceil(rate / rate_d - 1e-9))
         budget = slo.ttft_s / cfg.ttft_correction - cfg.decode_side_ttft_s(rate / num_d, self.p)
-        rate_p = cfg.prefill_rate_max(budget, self.p) if budget > 0 else 0.0
-        if rate_p <= 0:
+        num_p = self.fewest_prefill(cfg, rate, budget)
+        if num_p <= 0:
             return 0, 0, "ttft"
-        num_p = max(1, math.ceil(rate / rate_p - 1e-9))
         for _ in range(MAX_BUMPS):
             est = cfg.estimate(num_p, num_d, rate, slo.ttft_s, slo.tpot_s, self.p)
             if est.binding is None:
@@ -136,6 +135,27 @@ class Planner:
             else:
                 num_d += 1
         return num_p, num_d, est.binding
+
+    def fewest_prefill(self, cfg: Config, rate: float, ttft_budget_s: float) -> int:
+        """The fewest prefill instances behind one router whose TTFT_p fits ttft_budget_s at `rate` (0: none
+        does). As many independent queues as instances would need ceil(rate / one's rate): an upper bound, as
+        one queue for all of them waits less (G/G/c); fewer than rate / capacity cannot keep up."""
+        rate_alone = cfg.prefill_rate_max(ttft_budget_s, self.p) if ttft_budget_s > 0 else 0.0
+        if rate_alone <= 0:
+            return 0
+        pm = cfg.prefill.model
+        lo = max(1, math.ceil(rate / pm.capacity_per_s() - 1e-9))
+        hi = max(lo, math.ceil(rate / rate_alone - 1e-9))
+
+        def fits(n: int) -> bool:
+            return sum(pm.ttft_parts_s(rate / n, self.p, n)) <= ttft_budget_s
+        while lo < hi:          # fits is monotone in n: each instance gets less, and the pool is larger
+            mid = (lo + hi) // 2
+            if fits(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
 
     def max_rate(self, cfg: Config, num_p: int, num_d: int) -> float:
         slo = self.problem.slo
@@ -182,14 +202,15 @@ class Planner:
                 if rate_d <= 0:
                     continue
                 budget = slo.ttft_s - cfg.decode_side_ttft_s(rate_d, self.p)
-                rate_p = cfg.prefill_rate_max(budget, self.p) if budget > 0 else 0.0
-                if rate_p <= 0:
+                if budget <= 0 or cfg.prefill_rate_max(budget, self.p) <= 0:
                     continue
                 for num_p in range(1, max_gpus // cp.tp + 1):
                     num_d = (max_gpus - num_p * cp.tp) // cd.tp
                     if num_d < 1:
                         break
-                    approx = min(num_p * rate_p, num_d * rate_d)
+                    if num_d * rate_d <= best_rate * 0.98:
+                        continue
+                    approx = min(num_p * cfg.prefill_rate_max(budget, self.p, num_p), num_d * rate_d)
                     if approx > best_rate * 0.98:
                         rate = self.max_rate(cfg, num_p, num_d)
                         if rate > best_rate:

@@ -65,3 +65,17 @@ def test_kv_link_fp8_halves_transfer(llama70, stats):
     assert fp8.transfer_s(2048) == pytest.approx(fp16.transfer_s(2048) / 2)
     assert fp8.required_bytes_per_s(10) == pytest.approx(10 * stats.input.mean * 163_840)
     assert fp16.transfer_p_s(1.0, 0.9) >= fp16.transfer_s(stats.input.quantile(0.9))
+
+
+def test_prefill_instances_behind_one_router_wait_as_one_queue(inst, stats):
+    """The router sends a prompt to the instance with the fewest queued tokens: c instances wait like one
+    queue with c servers, less than c queues of one server each at the same load per instance."""
+    pm = PrefillModel(inst, stats, max_num_tokens=8192, bucket_timeout_s=0.0, min_batch_size=1)
+    rate = 0.8 * pm.capacity_per_s()
+    alone, own = pm.ttft_parts_s(rate, 0.9)
+    assert pm.ttft_parts_s(rate, 0.9, 1) == (alone, own)
+    waits = [pm.ttft_parts_s(rate, 0.9, n)[0] for n in (1, 2, 4, 16)]
+    assert waits == sorted(waits, reverse=True) and waits[0] > 0
+    assert waits[-1] < 0.25 * waits[0]
+    assert pm.ttft_parts_s(rate, 0.9, 16)[1] == own                 # its own batch is the same
+    assert pm.ttft_parts_s(1.01 * pm.capacity_per_s(), 0.9, 16) == (math.inf, math.inf)

@@ -84,3 +84,32 @@ def test_a_workload_within_the_context_gets_no_such_note(chat_problem):
     problem = chat_problem(40.0)
     result = plan_search(replace(problem, model=resolve_model("llama-3.1-70b")))
     assert not any("max_position_embeddings" in n for n in result.notes)
+
+
+def test_fewest_prefill_is_the_smallest_pool_that_meets_ttft(chat_problem):
+    """One router feeds all prefill instances (least queued tokens): they queue as one G/G/c pool, so the
+    count is the smallest pool whose TTFT_p fits, found by bisection; independent queues would need more."""
+    from trtpd.planner.search import Planner
+    planner = Planner(chat_problem(200.0))
+    cfg = planner.config(planner.prefills[0], planner.decodes[0], "network")
+    pm, p, budget = cfg.prefill.model, planner.p, 0.4
+    for rate in (5.0, 60.0, 200.0):
+        n = planner.fewest_prefill(cfg, rate, budget)
+        fits = [k for k in range(1, 200) if sum(pm.ttft_parts_s(rate / k, p, k)) <= budget]
+        assert n == fits[0], rate
+        independent = -(-rate // cfg.prefill_rate_max(budget, p))
+        assert n <= independent
+    assert planner.fewest_prefill(cfg, 200.0, budget) < -(-200.0 // cfg.prefill_rate_max(budget, p))
+    assert planner.fewest_prefill(cfg, 200.0, 1e-4) == 0          # no pool meets a TTFT below one batch
+
+
+@pytest.mark.parametrize("rate_per_s", [40.0, 200.0])
+def test_the_analytic_counts_are_the_ones_the_simulator_confirms(chat_problem, rate_per_s):
+    """The analytic model's TTFT_p is within 30% of the simulated one at its own counts, and the simulator
+    confirms those counts (its correction does not move them). With one queue per prefill instance (no
+    pooling) the model asked for 17P4D at 200 requests/s where the simulator needs 13P4D (TTFT_p 7x over)."""
+    from trtpd.planner.make import VerifyOptions, make_plan
+    plan = make_plan(chat_problem(rate_per_s), VerifyOptions(compare_colocated=False))
+    first = plan.verification.simulations[0]
+    assert first[:2] == [plan.prefill.num_instances, plan.decode.num_instances]
+    assert 1 / 1.3 <= plan.expected.ttft_correction <= 1.3
