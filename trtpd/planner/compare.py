@@ -148,7 +148,7 @@ class Goodput:
 
     def search(self, cluster: ClusterSpec, static_rate_per_s: float,
                give_up: Callable[[float], bool] | None = None, decide_early: bool = True,
-               known: tuple[float, SimRun] | None = None) -> Measured | None:
+               known: tuple[float, SimRun] | None = None, estimate_per_s: float | None = None) -> Measured | None:
         """Starts at START_SHARE of the static estimate; rates over RATE_CAP x static count as misses.
         give_up(hi): see max_goodput_rate_per_s; None when it stopped the search (the goodput is below hi).
         decide_early: a probe's simulation stops once its pass or fail is certain (AttainmentWatch); only
@@ -156,11 +156,18 @@ class Goodput:
         end, as they would have without stopping.
         known: (rate, a whole run of this cluster at that rate that passed, e.g. the plan's verification at
         the target, or run_at's): the search starts there, with that run's figures as its probe there,
-        instead of at START_SHARE of the static estimate (one passing probe fewer)."""
+        instead of at START_SHARE of the static estimate (one passing probe fewer).
+        estimate_per_s: a goodput estimate good to a few percent (the analytic model calibrated by a
+        simulation of this cluster): the search starts there (or at the known rate, if higher) and steps by
+        RESOLUTION, so that two probes bracket an estimate within one step of the answer (a search from 1.25x
+        bisected to RESOLUTION takes four)."""
         slo = self.problem.slo
         seen: dict[float, tuple[SimRun, SimSummary, float, float]] = {}
         stopped: dict[float, Simulator] = {}       # decided early, not yet run to the end
         start_rate_per_s = START_SHARE * static_rate_per_s if known is None else known[0]
+        growth = GROWTH
+        if estimate_per_s is not None and estimate_per_s > 0:
+            start_rate_per_s, growth = max(estimate_per_s, start_rate_per_s if known else 0.0), 1 + RESOLUTION
 
         def probe(cluster_, workload, rate, ttft_s, tpot_s, num_requests, seed) -> float:
             if known is not None and rate == known[0]:
@@ -184,7 +191,7 @@ class Goodput:
             return seen[rate]
         g = max_goodput_rate_per_s(cluster, self.problem.workload, slo.ttft_s, slo.tpot_s, slo.attainment,
                                    self.num_requests, self.seed, max(start_rate_per_s, 1e-3), NUM_BISECTIONS, probe,
-                                   give_up, GROWTH, RESOLUTION)
+                                   give_up, growth, RESOLUTION)
         if g.gave_up:
             return None
         probed = set(seen) | set(stopped)
@@ -204,12 +211,14 @@ def disaggregated_side(planner: Planner, choice: Choice, goodput: Goodput, rate:
     """at_target: whether these counts met the SLOs at the target rate, and that run's summary, when the
     plan's verification already simulated them there (else simulated here).
     verified: (rate, run) of the verification's passing run of these counts: the goodput search starts
-    from it (Goodput.search's `known`)."""
+    from it (Goodput.search's `known`), guided by the choice's highest rate, whose model that run
+    calibrated (within 2-5% below the simulated goodput on the benchmark plans)."""
     cfg, space = choice.config, planner.problem.space
     cluster = cluster_for(cfg.prefill, cfg.decode, choice.num_prefill, choice.num_decode, cfg.link,
                           space.tokens_per_block, space.first_token_at)
     static = disaggregated_static_rate_per_s(planner, choice)
-    measured = goodput.search(cluster, static or rate or choice.max_rate_per_s, known=verified)
+    measured = goodput.search(cluster, static or rate or choice.max_rate_per_s, known=verified,
+                              estimate_per_s=choice.max_rate_per_s if verified is not None else None)
     side = Side("disaggregated", f"{choice.num_prefill}P(TP{cfg.prefill.tp})+{choice.num_decode}D(TP{cfg.decode.tp})",
                 choice.num_gpus, {"prefill": cfg.prefill.tp, "decode": cfg.decode.tp},
                 {"prefill": choice.num_prefill, "decode": choice.num_decode},

@@ -193,32 +193,46 @@ class Planner:
 
     def best_within_gpus(self, max_gpus: int) -> Choice | None:
         """The configuration within max_gpus that sustains the highest rate."""
+        ranked = self.ranked_within_gpus(max_gpus, 1)
+        return ranked[0] if ranked else None
+
+    def ranked_within_gpus(self, max_gpus: int, count: int) -> list[Choice]:
+        """The `count` configurations within max_gpus that sustain the highest rates, best first (among equal
+        rates, the first found)."""
         kind = self.link_kind()
-        slo, best, best_rate = self.problem.slo, None, 0.0
+        slo = self.problem.slo
+        top: list[tuple[float, int, tuple[Config, int, int]]] = []     # (-rate, order found, configuration)
+        num_found = 0
+
+        def floor() -> float:          # the rate a configuration must beat to enter the list
+            return -top[-1][0] if len(top) == count else 0.0
         for cp in self.prefills:
             for cd in self.decodes:
                 cfg = self.config(cp, cd, kind)
                 rate_d = self.decode_rate_max(cfg, kind)
                 if rate_d <= 0:
                     continue
-                budget = slo.ttft_s - cfg.decode_side_ttft_s(rate_d, self.p)
+                # an upper bound on each count's rate: decode at its highest rate per instance, prefill within
+                # the TTFT left after the decode side's least (at a vanishing rate); only a count whose bound
+                # beats the list is computed
+                budget = slo.ttft_s - cfg.decode_side_ttft_s(1e-6, self.p)
                 if budget <= 0 or cfg.prefill_rate_max(budget, self.p) <= 0:
                     continue
                 for num_p in range(1, max_gpus // cp.tp + 1):
                     num_d = (max_gpus - num_p * cp.tp) // cd.tp
                     if num_d < 1:
                         break
-                    if num_d * rate_d <= best_rate * 0.98:
+                    if num_d * rate_d <= floor():
                         continue
-                    approx = min(num_p * cfg.prefill_rate_max(budget, self.p, num_p), num_d * rate_d)
-                    if approx > best_rate * 0.98:
+                    bound = min(num_p * cfg.prefill_rate_max(budget, self.p, num_p), num_d * rate_d)
+                    if bound > floor():
                         rate = self.max_rate(cfg, num_p, num_d)
-                        if rate > best_rate:
-                            best, best_rate = (cfg, num_p, num_d), rate
-        if best is None:
-            return None
-        cfg, num_p, num_d = best
-        return self.choice(cfg, num_p, num_d, best_rate, kind)
+                        if rate > floor():
+                            top.append((-rate, num_found, (cfg, num_p, num_d)))
+                            num_found += 1
+                            top.sort(key=lambda t: t[:2])
+                            del top[count:]
+        return [self.choice(cfg, num_p, num_d, -neg_rate, kind) for neg_rate, _, (cfg, num_p, num_d) in top]
 
 
 def plan_search(problem: PlanProblem, planner: Planner | None = None) -> SearchResult:

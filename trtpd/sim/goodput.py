@@ -76,7 +76,7 @@ def max_goodput_rate_per_s(cluster: ClusterSpec, workload: WorkloadSpec, ttft_s:
             if gave_up(hi):
                 return GoodputResult(hi, 0.0, tuple(probes), gave_up=True)
     for _ in range(num_bisections):
-        if resolution is not None and hi - lo <= resolution * lo:
+        if resolution is not None and hi - lo <= resolution * lo * (1 + 1e-9):    # (a step of exactly that)
             break
         mid = (lo + hi) / 2
         if ok(mid):

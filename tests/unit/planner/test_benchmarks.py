@@ -17,8 +17,8 @@ def _run(path, argv, capsys):
 
 
 def test_distserve_chatbot_benchmark_runs(capsys):
-    out = _run("benchmarks/distserve_chatbot.py", ["--requests", "300", "--max-gpus", "8"], capsys)
-    assert "vLLM-0.2-style colocated (prefill-first)" in out
+    out = _run("benchmarks/distserve_chatbot.py", ["--requests", "300", "--max-gpus", "8", "--top", "2"], capsys)
+    assert "vLLM-0.2-style colocated (prefill-first)" in out and "within 8 GPUs, the analytic pick" in out
     assert "best disaggregated / vLLM-style colocated:" in out
 
 

@@ -231,3 +231,34 @@ def test_a_budget_no_candidate_meets_is_searched_without_a_challenge_at_rate_zer
                                      candidates, compare.search_order(candidates, None, problem.space.max_gpus))
     assert len(candidates) > 1 and len(searched) == len(found) == len(candidates)
     assert simulated_rates == []            # no challenge probe (it would have been at rate 0)
+
+
+def test_a_search_guided_by_an_estimate_brackets_it_in_two_probes(simulated_rates):
+    """Goodput.search(estimate_per_s=...): from an estimate within one step (RESOLUTION) below the answer the
+    search takes two probes (pass there, fail one step above), where a search from the static estimate takes
+    about five; from any estimate nearby it ends within RESOLUTION of the unguided answer, at a rate that
+    passed with the next step up failing."""
+    from trtpd.planner.search import plan_search
+    from trtpd.planner.verify import cluster_for
+    problem = CASES["target-70b-fixed"]
+    choice = plan_search(problem).choice
+    cfg, space = choice.config, problem.space
+    cluster = cluster_for(cfg.prefill, cfg.decode, choice.num_prefill, choice.num_decode, cfg.link,
+                          space.tokens_per_block, space.first_token_at)
+    goodput = compare.Goodput(problem, 300, 0)
+    static = compare.disaggregated_static_rate_per_s(Planner(problem), choice)
+    simulated_rates.clear()
+    plain = goodput.search(cluster, static)
+    num_plain, g = len(simulated_rates), plain.rate_per_s
+    assert g > 0 and num_plain >= 4
+    for estimate in (g, g * (1 - compare.RESOLUTION / 2), g * 0.95, g * 1.03):
+        simulated_rates.clear()
+        guided = goodput.search(cluster, static, estimate_per_s=estimate)
+        r = guided.rate_per_s
+        assert abs(r - g) <= compare.RESOLUTION * g, estimate
+        assert r in simulated_rates and guided.summary.slo_attainment >= problem.slo.attainment
+        assert any(r < x <= r * (1 + compare.RESOLUTION) * (1 + 1e-9) for x in simulated_rates)  # failed above
+        assert len(set(simulated_rates)) < num_plain
+        if estimate == g:       # the same probe passes, one step above fails: two probes, the same figures
+            assert len(set(simulated_rates)) == 2      # (the miss shares are those of its own failing probe)
+            assert (guided.rate_per_s, guided.summary) == (g, plain.summary)

@@ -113,3 +113,36 @@ def test_the_analytic_counts_are_the_ones_the_simulator_confirms(chat_problem, r
     first = plan.verification.simulations[0]
     assert first[:2] == [plan.prefill.num_instances, plan.decode.num_instances]
     assert 1 / 1.3 <= plan.expected.ttft_correction <= 1.3
+
+
+@pytest.mark.parametrize("max_gpus", [4, 16])
+def test_the_best_within_a_budget_is_the_best_of_every_count(max_gpus):
+    """best_within_gpus / ranked_within_gpus skip only counts whose upper bound (decode at its highest rate
+    per instance, prefill within the TTFT left after the decode side's least) cannot enter the list: the
+    answer is the brute-force ranking's. (The bound used to take the decode side at its highest rate, which
+    is not a bound; it skipped DistServe's best 4-GPU placement, 1P(TP2)+1D(TP2).)"""
+    from trtpd.catalog import get_model
+    from trtpd.perf.hardware import load_hardware
+    from trtpd.planner.search import Planner
+    from trtpd.sim.workload import load_workload
+    from trtpd.planner.inputs import SearchSpace
+    problem = PlanProblem(get_model("opt-13b"), load_hardware("a100-80g"), load_workload("sharegpt-distserve"),
+                          Slo(ttft_s=0.25, tpot_s=0.1), None,
+                          SearchSpace(tp_prefill=[1, 2, 4], tp_decode=[1, 2, 4], weight_dtype="fp16", kv_dtype="fp16",
+                                      kv_link="network", max_gpus=max_gpus))
+    planner = Planner(problem)
+    every = []
+    for cp in planner.prefills:
+        for cd in planner.decodes:
+            cfg = planner.config(cp, cd, planner.link_kind())
+            for num_p in range(1, max_gpus // cp.tp + 1):
+                num_d = (max_gpus - num_p * cp.tp) // cd.tp
+                if num_d >= 1:
+                    every.append((planner.max_rate(cfg, num_p, num_d), (cp.tp, cd.tp, num_p, num_d)))
+    every.sort(key=lambda x: -x[0])
+    best = planner.best_within_gpus(max_gpus)
+    assert best.max_rate_per_s == every[0][0] > 0
+    ranked = planner.ranked_within_gpus(max_gpus, 4)
+    assert [c.max_rate_per_s for c in ranked] == [r for r, _ in every[:4] if r > 0]
+    assert [(c.config.prefill.tp, c.config.decode.tp, c.num_prefill, c.num_decode) for c in ranked][:1] == \
+        [every[0][1]]
