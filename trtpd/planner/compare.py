@@ -19,9 +19,10 @@ from trtpd.sim.metrics import SimSummary, latencies, summarize
 from trtpd.sim.simulator import SimRun, Simulator, default_max_in_system
 from trtpd.sim.workload import generate_requests
 
-# a goodput search starts just below the static estimate (simulated goodput is mostly 0.9-1.05x of it), steps
+# a goodput search starts just below the static estimate (simulated goodput is mostly 0.9-1.1x of it), steps
 # by GROWTH, and bisects until the bracket is within RESOLUTION of its low end (what a bracket of 2x bisected 5
-# times gives), at most NUM_BISECTIONS times
+# times gives), at most NUM_BISECTIONS times; given an estimate (the planner's searches all give one: the static
+# estimate, or the disaggregated side's calibrated rate) it starts there and steps by RESOLUTION
 START_SHARE = 0.9
 GROWTH = 1.25
 RESOLUTION = 1 / 32
@@ -132,7 +133,7 @@ class Goodput:
     def reaches(self, cluster: ClusterSpec, rate: float, static_rate_per_s: float) -> bool:
         """Whether the probe a search would run at `rate` passes (it stops once that is certain). With the
         SLO attainment falling as the rate rises (the same requests, closer together), a failing one says
-        the goodput is below `rate` in one probe, where a search takes about five."""
+        the goodput is below `rate` in one probe, where a search takes two to five."""
         if static_rate_per_s > 0 and rate > RATE_CAP * static_rate_per_s:
             return False
         sim, passed = self._decided(cluster, rate)
@@ -285,7 +286,7 @@ def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max
     certain to lose to the best found so far (`_Best.loses`); it is left out. With a budget, a candidate is
     first probed once at the best's goodput plus RESOLUTION (`Goodput.reaches`), and left out when it fails
     there: it cannot beat the best by more than the figures resolve, and that one probe (mostly stopped
-    early) replaces a search of about five. What is left has the same best (best_colocated) as searching
+    early) replaces a search of two to five. Searches start at the candidate's static estimate. What is left has the same best (best_colocated) as searching
     every candidate to the end or, with a budget, one whose goodput is within RESOLUTION of it, with the
     figures of its own search to the end (tests/unit/planner/test_pruning.py)."""
     tpb = planner.problem.space.tokens_per_block
@@ -303,13 +304,13 @@ def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max
             if prune and best.key is not None and -best.key[0] > 0 and \
                     not goodput.reaches(cluster, -best.key[0] * (1 + RESOLUTION), static * num):
                 continue                       # not above the best's goodput by more than the resolution
-            m = goodput.search(cluster, static * num, give_up)
+            m = goodput.search(cluster, static * num, give_up, estimate_per_s=static * num)
             if m is None:
                 continue
             key: tuple = (-m.rate_per_s, num * c.tp)
             found.append((i, key, num, static * num, m))
         else:                                   # a target: one instance's goodput sizes the count
-            m = goodput.search(c.cluster(1, tpb), static, give_up)
+            m = goodput.search(c.cluster(1, tpb), static, give_up, estimate_per_s=static)
             if m is None or m.rate_per_s <= 0:
                 continue
             num = max(1, math.ceil(rate / m.rate_per_s - 1e-9))
@@ -350,7 +351,8 @@ def confirm_colocated(planner: Planner, goodput: Goodput, rate: float | None, ma
             num += 1
         static *= num
         # the run at the target is the search's probe there: it starts from it when it passed
-        m_num = goodput.search(c.cluster(num, tpb), static, known=(rate, target_run) if meets else None)
+        m_num = goodput.search(c.cluster(num, tpb), static, known=(rate, target_run) if meets else None,
+                              estimate_per_s=static)
         assert m_num is not None
         m = m_num
     return i, num, static, m, meets, target_summary

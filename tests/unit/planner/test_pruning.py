@@ -96,7 +96,9 @@ def test_pruned_search_chooses_the_same_side(name, order, monkeypatch, simulated
     check_pruned_choice(pruned.label, pruned.measured.rate_per_s, full, sides, rate is None)
     assert _figures(pruned) == _figures(sides[pruned.label])
     assert len(compare.shortlist(planner)) > 1
-    assert num_pruned < num_full or order == "reversed"  # pruning skipped simulations
+    assert num_pruned <= num_full
+    if rate is None and order == "promise":   # the challenge probes skipped searches (with a target, searches
+        assert num_pruned < num_full          # started at the static estimate take 2-3 probes: none to skip)
 
 
 @pytest.mark.parametrize("rate", [None, 7.5, 31.0])
@@ -222,7 +224,8 @@ def test_a_budget_no_candidate_meets_is_searched_without_a_challenge_at_rate_zer
     planner = Planner(problem)
     searched = []
 
-    def nothing_meets(self, cluster, static_rate_per_s, give_up=None, decide_early=True, known=None):
+    def nothing_meets(self, cluster, static_rate_per_s, give_up=None, decide_early=True, known=None,
+                      estimate_per_s=None):
         searched.append(cluster.decode.num_instances)
         return compare.Measured(0.0, None, None, 1.0, 1.0)
     monkeypatch.setattr(compare.Goodput, "search", nothing_meets)
