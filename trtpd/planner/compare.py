@@ -158,10 +158,10 @@ class Goodput:
         known: (rate, a whole run of this cluster at that rate that passed, e.g. the plan's verification at
         the target, or run_at's): the search starts there, with that run's figures as its probe there,
         instead of at START_SHARE of the static estimate (one passing probe fewer).
-        estimate_per_s: a goodput estimate good to a few percent (the analytic model calibrated by a
-        simulation of this cluster): the search starts there (or at the known rate, if higher) and steps by
-        RESOLUTION, so that two probes bracket an estimate within one step of the answer (a search from 1.25x
-        bisected to RESOLUTION takes four)."""
+        estimate_per_s: a goodput estimate good to a few percent (a colocated candidate's static estimate,
+        or the disaggregated model calibrated by a simulation of this cluster): the search starts there (or
+        at the known rate, if higher) and steps by RESOLUTION, so that two probes bracket an estimate within
+        one step of the answer (a search from 1.25x bisected to RESOLUTION takes four)."""
         slo = self.problem.slo
         seen: dict[float, tuple[SimRun, SimSummary, float, float]] = {}
         stopped: dict[float, Simulator] = {}       # decided early, not yet run to the end
@@ -286,9 +286,10 @@ def search_colocated(planner: Planner, goodput: Goodput, rate: float | None, max
     certain to lose to the best found so far (`_Best.loses`); it is left out. With a budget, a candidate is
     first probed once at the best's goodput plus RESOLUTION (`Goodput.reaches`), and left out when it fails
     there: it cannot beat the best by more than the figures resolve, and that one probe (mostly stopped
-    early) replaces a search of two to five. Searches start at the candidate's static estimate. What is left has the same best (best_colocated) as searching
-    every candidate to the end or, with a budget, one whose goodput is within RESOLUTION of it, with the
-    figures of its own search to the end (tests/unit/planner/test_pruning.py)."""
+    early) replaces a search of two to five. Searches start at the candidate's static estimate. What is
+    left has the same best (best_colocated) as searching every candidate to the end or, with a budget, one
+    whose goodput is within RESOLUTION of it, with the figures of its own search to the end
+    (tests/unit/planner/test_pruning.py)."""
     tpb = planner.problem.space.tokens_per_block
     best = _Best(rate, max_gpus)
     found: list[Found] = []
