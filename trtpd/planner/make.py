@@ -48,7 +48,9 @@ def make_plan(problem: PlanProblem, options: VerifyOptions = VerifyOptions()) ->
         choice, verdict = result.choice, None                                                # its GPUs
         if choice is not None:
             choice = _prefer_nvlink(planner, choice)
-            if options.enabled and result.rate_per_s is not None:
+            if options.enabled and result.rate_per_s is not None and problem.target is None:
+                choice, verdict = _verified_budget(problem, result, choice, verify)
+            elif options.enabled and result.rate_per_s is not None:
                 choice, verdict = _verified(problem, result, choice, result.rate_per_s, verify)
         plan = _to_plan(problem, result, choice, verdict)
         if not comparing or choice is None:
@@ -112,7 +114,7 @@ def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: 
     assert planner is not None
     space = problem.space
     warmup_s = result.stats.output.max * problem.slo.tpot_s     # time for decode batches to fill
-    num_requests = options.num_requests + int(rate * warmup_s)
+    num_requests = options.num_requests + int(2 * rate * warmup_s)    # measured between warm-up and cool-down
     requests = generate_requests(problem.workload, rate, num_requests, options.seed)
     cfg, p = choice.config, problem.slo.attainment
 
@@ -144,6 +146,33 @@ def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: 
             result.notes.append("the simulator could not confirm the SLOs within the adjustments tried")
         result.nearest_feasible["rate_per_s"] = choice.max_rate_per_s
     return choice, verdict
+
+
+# a budget plan's rate steps down by this share while the simulator does not confirm it, at most this many times
+BUDGET_STEP = 1 / 32
+BUDGET_STEPS = 3
+
+
+def _verified_budget(problem: PlanProblem, result: SearchResult, choice: Choice,
+                     options: VerifyOptions) -> tuple[Choice, Verdict]:
+    """A budget: the analytic highest rate of these GPUs, verified; while the simulator does not confirm it,
+    the rate steps down by BUDGET_STEP and is verified again, so that the plan's rate is one the simulator
+    passed (the analytic rate is an estimate at the edge of the SLOs; a simulation there passes or fails by
+    a share of a percent)."""
+    analytic = rate = result.rate_per_s
+    assert rate is not None
+    for step in range(BUDGET_STEPS + 1):
+        tried = replace(result, notes=list(result.notes), nearest_feasible=dict(result.nearest_feasible))
+        verified, verdict = _verified(problem, tried, choice, rate, options)
+        if verdict.passed or step == BUDGET_STEPS:
+            break
+        rate *= 1 - BUDGET_STEP
+    result.rate_per_s, result.feasible, result.binding_constraint = rate, tried.feasible, tried.binding_constraint
+    result.notes[:], result.nearest_feasible = tried.notes, tried.nearest_feasible
+    if verdict.passed and rate < analytic:
+        result.notes.append(f"the simulator confirms {rate:.3g} requests/s with these GPUs, not the analytic "
+                            f"{analytic:.3g}")
+    return verified, verdict
 
 
 def _calibrated(planner: Planner, choice: Choice, verdict: Verdict, rate: float) -> Choice:

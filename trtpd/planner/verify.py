@@ -8,10 +8,11 @@ caused by waiting for decode admission count against decode). Keep the passing c
 the fewest GPUs. At most `max_simulations` runs, each on the same requests. A trimmed configuration's
 simulation stops as soon as its failure is certain (trtpd.sim.attainment): only its pass or fail is used.
 
-Two guards against short simulations that look better than the steady state (decode batches
+Three guards against short simulations that look better than the steady state (decode batches
 take about the longest output x TPOT to fill): requests arriving in the first `warmup_s` are
-not measured, and no configuration the analytic model finds unstable (a queue that grows without
-bound) is tried, whatever a finite simulation says.
+not measured, nor those arriving in the last `warmup_s` (they live on into the drain after the last
+arrival, when nothing new competes), and no configuration the analytic model finds unstable (a queue
+that grows without bound) is tried, whatever a finite simulation says.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class Verdict:
 
 
 def _trial(counts: Counts, run: SimRun, slo: Slo, warmup_s: float) -> Trial:
-    summary = summarize(run, slo.ttft_s, slo.tpot_s, warmup_s=warmup_s)
-    lat = latencies(run, warmup_s=warmup_s)
+    summary = summarize(run, slo.ttft_s, slo.tpot_s, warmup_s=warmup_s, cooldown_s=warmup_s)
+    lat = latencies(run, warmup_s=warmup_s, cooldown_s=warmup_s)
     ttft = np.where(np.isnan(lat.ttft_s), np.inf, lat.ttft_s)
     tpot = lat.tpot_s[~np.isnan(lat.tpot_s)]
     attainment = summary.slo_attainment or 0.0
@@ -106,7 +107,8 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
             cluster = cluster_for(prefill, decode, c[0], c[1], link, tokens_per_block, first_token_at)
             sim = Simulator(cluster, requests, max_in_system=default_max_in_system(cluster))
             watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=warmup_s,
-                                    response_latency_s=cluster.response_latency_s) if early else None
+                                    response_latency_s=cluster.response_latency_s, cooldown_s=warmup_s) \
+                if early else None
             if watch is not None and not sim.run_until_decided(watch) and watch.passed is False:
                 met, missed = watch.num_met, watch.num_missed
                 trials[c] = Trial(c, None, met / (met + missed), False, math.inf, math.inf, 1.0, 1.0)

@@ -25,14 +25,25 @@ def measured_start_index(arrival_s: list[float], warmup_fraction: float = 0.1, w
     return min(max(by_count, by_time), max(len(arrival_s) - 1, 0))
 
 
+def measured_end_index(arrival_s: list[float], start: int, cooldown_s: float = 0.0) -> int:
+    """One past the last measured request: none that arrives in the last cooldown_s (e.g. the longest output
+    x TPOT) is measured. Those requests live on after the last arrival, when no new work competes with
+    them; a finite run's drain flatters them (at least one request after `start` is measured)."""
+    if cooldown_s <= 0 or not arrival_s:
+        return len(arrival_s)
+    return max(start + 1, bisect.bisect_right(arrival_s, arrival_s[-1] - cooldown_s))
+
+
 class AttainmentWatch:
     def __init__(self, records: RequestRecords, ttft_slo_s: float, tpot_slo_s: float, attainment: float,
-                 warmup_fraction: float = 0.1, warmup_s: float = 0.0, response_latency_s: float = 0.0) -> None:
+                 warmup_fraction: float = 0.1, warmup_s: float = 0.0, response_latency_s: float = 0.0,
+                 cooldown_s: float = 0.0) -> None:
         self.records = records
         self.ttft_slo_s, self.tpot_slo_s, self.attainment = ttft_slo_s, tpot_slo_s, attainment
         self.response_latency_s = response_latency_s
         self.start = measured_start_index(records.arrival_s, warmup_fraction, warmup_s)
-        self.num_measured = len(records.arrival_s) - self.start
+        self.end = min(len(records.arrival_s), measured_end_index(records.arrival_s, self.start, cooldown_s))
+        self.num_measured = self.end - self.start
         self.num_met = 0
         self.num_missed = 0
         self.passed: bool | None = None      # decided: True (attainment >= target), False; None: not yet
@@ -45,7 +56,7 @@ class AttainmentWatch:
         r, j = self.records, self._next_late
         arrival, first_token, rejected = r.arrival_s, r.first_token_s, r.rejected
         now_out_s = now_s + self.response_latency_s
-        while j < num_arrived and now_out_s - arrival[j] > self.ttft_slo_s:   # later arrivals: less late
+        while j < min(num_arrived, self.end) and now_out_s - arrival[j] > self.ttft_slo_s:   # later: less late
             if first_token[j] != first_token[j] and not rejected[j]:        # NaN: no first token yet
                 self._is_late[j] = 1
                 self.missed(j)
@@ -53,7 +64,7 @@ class AttainmentWatch:
         self._next_late = j
 
     def finished(self, index: int) -> None:
-        if index < self.start or self._is_late[index]:
+        if not self.start <= index < self.end or self._is_late[index]:
             return
         r, delay = self.records, self.response_latency_s
         first_s, done_s = r.first_token_s[index] + delay, r.done_s[index] + delay
@@ -69,7 +80,7 @@ class AttainmentWatch:
 
     def missed(self, index: int) -> None:
         """A measured request that will not meet the SLO (refused, or finished late)."""
-        if index < self.start:
+        if not self.start <= index < self.end:
             return
         self.num_missed += 1
         if (self.num_measured - self.num_missed) / self.num_measured < self.attainment:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtpd.sim.attainment import measured_start_index
+from trtpd.sim.attainment import measured_end_index, measured_start_index
 from trtpd.sim.simulator import SimRun
 
 PERCENTILES = (50, 90, 99)
@@ -88,13 +88,20 @@ def measured_start(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 
     return measured_start_index(run.records.arrival_s, warmup_fraction, warmup_s)
 
 
-def latencies(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0) -> Latencies:
-    r = run.records
+def measured_range(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0,
+                   cooldown_s: float = 0.0) -> tuple[int, int]:
+    """[start, end) of the measured requests: past the warm-up, before the cool-down (trtpd.sim.attainment)."""
     start = measured_start(run, warmup_fraction, warmup_s)
-    arrival = np.asarray(r.arrival_s[start:])
-    first = np.asarray(r.first_token_s[start:])
-    done_s = np.asarray(r.done_s[start:])
-    out = np.asarray(r.output_tokens[start:], dtype=np.float64)
+    return start, measured_end_index(run.records.arrival_s, start, cooldown_s)
+
+
+def latencies(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0, cooldown_s: float = 0.0) -> Latencies:
+    r = run.records
+    start, end = measured_range(run, warmup_fraction, warmup_s, cooldown_s)
+    arrival = np.asarray(r.arrival_s[start:end])
+    first = np.asarray(r.first_token_s[start:end])
+    done_s = np.asarray(r.done_s[start:end])
+    out = np.asarray(r.output_tokens[start:end], dtype=np.float64)
     ttft = first - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (done_s - first) / (out - 1), np.nan)
@@ -102,19 +109,20 @@ def latencies(run: SimRun, warmup_fraction: float = 0.1, warmup_s: float = 0.0) 
 
 
 def summarize(run: SimRun, ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
-              warmup_fraction: float = 0.1, warmup_s: float = 0.0) -> SimSummary:
+              warmup_fraction: float = 0.1, warmup_s: float = 0.0, cooldown_s: float = 0.0) -> SimSummary:
     """Throughput counts completed requests over first arrival to last completion; goodput counts
-    the requests that met the SLO over the arrival span (the offered rate x attainment)."""
+    the requests that met the SLO over the arrival span (the offered rate x attainment). Only the measured
+    requests count (past the warm-up, before the cool-down: measured_range)."""
     r = run.records
-    lat = latencies(run, warmup_fraction, warmup_s)
-    start = measured_start(run, warmup_fraction, warmup_s)
-    arrival = np.asarray(r.arrival_s[start:])
-    done_s = np.asarray(r.done_s[start:])
+    lat = latencies(run, warmup_fraction, warmup_s, cooldown_s)
+    start, end = measured_range(run, warmup_fraction, warmup_s, cooldown_s)
+    arrival = np.asarray(r.arrival_s[start:end])
+    done_s = np.asarray(r.done_s[start:end])
     n = len(arrival)
     span = float(arrival[-1] - arrival[0]) if n > 1 else run.span_s
     num_done = int(lat.done.sum())
     busy_span = float(np.nanmax(done_s) - arrival[0]) if num_done else 0.0
-    tokens = np.asarray(r.input_tokens[start:]) + np.asarray(r.output_tokens[start:])
+    tokens = np.asarray(r.input_tokens[start:end]) + np.asarray(r.output_tokens[start:end])
     done_tokens = float(tokens[lat.done].sum())
     attainment = goodput = None
     if ttft_slo_s is not None and tpot_slo_s is not None:
@@ -126,14 +134,14 @@ def summarize(run: SimRun, ttft_slo_s: float | None = None, tpot_slo_s: float | 
         slo_attainment=attainment, goodput_per_s=goodput,
         throughput_requests_per_s=num_done / busy_span if busy_span > 0 else 0.0,
         throughput_tokens_per_s=done_tokens / busy_span if busy_span > 0 else 0.0,
-        ttft_breakdown=_breakdown(run, start))
+        ttft_breakdown=_breakdown(run, start, end))
 
 
-def _breakdown(run: SimRun, start: int) -> TtftBreakdown | None:
+def _breakdown(run: SimRun, start: int, end: int) -> TtftBreakdown | None:
     r = run.records
-    arrival = np.asarray(r.arrival_s[start:])
-    p_start, p_end = np.asarray(r.prefill_start_s[start:]), np.asarray(r.prefill_end_s[start:])
-    t_start, t_end = np.asarray(r.transfer_start_s[start:]), np.asarray(r.transfer_end_s[start:])
+    arrival = np.asarray(r.arrival_s[start:end])
+    p_start, p_end = np.asarray(r.prefill_start_s[start:end]), np.asarray(r.prefill_end_s[start:end])
+    t_start, t_end = np.asarray(r.transfer_start_s[start:end]), np.asarray(r.transfer_end_s[start:end])
     if np.all(np.isnan(p_start)):
         return None
     if np.all(np.isnan(t_start)):

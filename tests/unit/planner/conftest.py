@@ -28,3 +28,8 @@ def chat_problem(llama70, h100, chat):
         target = Target(rate_per_s=rate_per_s) if rate_per_s else None
         return PlanProblem(llama70, h100, chat, slo or load_slo("chat"), target, SearchSpace(**space))
     return make
+
+
+@pytest.fixture(scope="session")
+def llama70_31():
+    return get_model("llama-3.1-70b")

@@ -101,3 +101,34 @@ def test_the_side_by_side_table_keeps_its_columns_apart(path):
     start = rows[0].index("colocated")            # the header row: where the right column begins
     for row in rows[1:]:
         assert row[start - 2:start] == "  " and row[start] != " ", "\n".join(rows)
+
+
+def test_a_probe_does_not_pass_a_rate_its_steady_state_fails(chat_problem):
+    """The requests that arrive in a run's last span (the longest output x TPOT) live on into the drain after
+    the last arrival, when nothing new competes: measured, they flatter a short run. 12 colocated TP2
+    instances at 240 requests/s (chat): a 6,000-request run measured after its warm-up only passes (99%),
+    the same rate run on fails (every 10 s window after the first); a probe excludes that cool-down, and fails."""
+    import numpy as np
+
+    from trtpd.planner.compare import Goodput, shortlist
+    from trtpd.planner.search import Planner
+    from trtpd.sim.metrics import summarize
+    from trtpd.sim.simulator import Simulator, default_max_in_system
+    from trtpd.sim.workload import generate_requests
+    problem = chat_problem(200.0)
+    planner = Planner(problem)
+    candidate = max(shortlist(planner), key=lambda x: x[1] / x[0].tp)[0]
+    cluster = candidate.cluster(12, problem.space.tokens_per_block)
+    slo, goodput = problem.slo, Goodput(problem, 1000, 0)
+
+    def run(num_requests):
+        requests = generate_requests(problem.workload, 240.0, num_requests, 0)
+        return Simulator(cluster, requests, max_in_system=default_max_in_system(cluster)).run()
+    short = summarize(run(6000), slo.ttft_s, slo.tpot_s, warmup_s=goodput.warmup_s)
+    assert short.slo_attainment >= slo.attainment                      # the trap is real
+    steady = run(24000)
+    arrival = np.asarray(steady.records.arrival_s)
+    late = summarize(steady, slo.ttft_s, slo.tpot_s, warmup_s=goodput.warmup_s, cooldown_s=arrival[-1] - 60.0)
+    assert late.slo_attainment < 0.5 * slo.attainment                  # 19-60 s: far below the target
+    passed, summary, _ = goodput.run_at(cluster, 240.0)
+    assert not passed and summary.slo_attainment < slo.attainment

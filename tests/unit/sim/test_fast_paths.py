@@ -118,11 +118,13 @@ def test_block_counter_refuses_freeing_more_than_it_lent():
         counter.free(table * 3)       # 2 free + 12 > 10
 
 
+@pytest.mark.parametrize("cooldown_s", [0.0, 3.0])
 @pytest.mark.parametrize("rate_per_s", [20.0, 40.0, 70.0, 120.0])
 @pytest.mark.parametrize("name", ["disaggregated", "colocated-inflight", "colocated-chunked"])
-def test_a_run_stopped_once_decided_agrees_with_its_end_and_goes_on_unchanged(name, rate_per_s):
+def test_a_run_stopped_once_decided_agrees_with_its_end_and_goes_on_unchanged(name, rate_per_s, cooldown_s):
     """The watch's early pass/fail is the one the whole run gives, and run() after the stop ends the run
-    exactly as a run that never stopped."""
+    exactly as a run that never stopped; with a cool-down, over the same measured requests (none arriving
+    in the run's last cooldown_s)."""
     from trtpd.sim.attainment import AttainmentWatch
     from trtpd.sim.metrics import summarize
     from trtpd.sim.simulator import Simulator
@@ -130,15 +132,21 @@ def test_a_run_stopped_once_decided_agrees_with_its_end_and_goes_on_unchanged(na
     requests = generate_requests(load_workload("chat-powerlaw"), rate_per_s, 800, seed=7)
     whole = Simulator(cluster, requests, max_in_system=400).run()
     cases = []
-    tpot_p50_s = summarize(whole, 1.0, 1.0, warmup_s=2.0).tpot_s.p50
+    tpot_p50_s = summarize(whole, 1.0, 1.0, warmup_s=2.0, cooldown_s=cooldown_s).tpot_s.p50
+    arrival = whole.records.arrival_s
+    # past the first 10% of requests and the first 2 s, none in the last cooldown_s
+    measured = [a for i, a in enumerate(arrival)
+                if i >= len(arrival) // 10 and arrival[0] + 2.0 <= a and (cooldown_s == 0 or a <= arrival[-1] - cooldown_s)]
     for ttft_s, tpot_s in [(0.2, 0.02), (0.5, 0.01), (1.0, 0.05), (100.0, tpot_p50_s)]:
-        s = summarize(whole, ttft_s, tpot_s, warmup_s=2.0)
+        s = summarize(whole, ttft_s, tpot_s, warmup_s=2.0, cooldown_s=cooldown_s)
+        assert s.num_requests == len(measured)
         attainment = s.slo_attainment or 0.0      # targets on both sides of it, and at it (knife edges)
         cases += [(ttft_s, tpot_s, t, attainment) for t in (0.5, 0.9, attainment, attainment + 0.5 / s.num_requests)]
     num_early = 0
     for ttft_s, tpot_s, target, attainment in cases:
         sim = Simulator(cluster, requests, max_in_system=400)
-        watch = AttainmentWatch(sim.records, ttft_s, tpot_s, target, warmup_s=2.0, response_latency_s=0.003)
+        watch = AttainmentWatch(sim.records, ttft_s, tpot_s, target, warmup_s=2.0, response_latency_s=0.003,
+                                cooldown_s=cooldown_s)
         ended = sim.run_until_decided(watch)
         if not ended:
             assert watch.passed == (attainment >= target)
