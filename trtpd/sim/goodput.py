@@ -21,9 +21,13 @@ class GoodputResult:
 
 def attainment_at(cluster: ClusterSpec, workload: WorkloadSpec, rate_per_s: float, ttft_s: float, tpot_s: float,
                   num_requests: int, seed: int) -> float:
-    run = simulate(cluster, generate_requests(workload, rate_per_s, num_requests, seed),
-                   max_in_system=default_max_in_system(cluster))
-    return summarize(run, ttft_s, tpot_s).slo_attainment or 0.0
+    """num_requests measured, as the planner's probes (trtpd.planner.compare.Goodput): past a warm-up of the
+    longest output x TPOT (decode batches fill) and before a cool-down of the same span (its requests live
+    on into the drain after the last arrival), whose requests are simulated besides."""
+    span_s = workload.output_stats().max * tpot_s
+    requests = generate_requests(workload, rate_per_s, num_requests + int(2 * rate_per_s * span_s), seed)
+    run = simulate(cluster, requests, max_in_system=default_max_in_system(cluster))
+    return summarize(run, ttft_s, tpot_s, warmup_s=span_s, cooldown_s=span_s).slo_attainment or 0.0
 
 
 def max_goodput_rate_per_s(cluster: ClusterSpec, workload: WorkloadSpec, ttft_s: float, tpot_s: float,
