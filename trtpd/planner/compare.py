@@ -14,7 +14,7 @@ from trtpd.planner.search import Choice, PlanProblem, Planner
 from trtpd.planner.verify import cluster_for
 from trtpd.sim.cluster import ClusterSpec
 from trtpd.sim.attainment import AttainmentWatch
-from trtpd.sim.goodput import max_goodput_rate_per_s
+from trtpd.sim.goodput import max_goodput_rate_per_s, num_requests_measuring, settle_span_s
 from trtpd.sim.metrics import SimSummary, latencies, summarize
 from trtpd.sim.simulator import SimRun, Simulator, default_max_in_system
 from trtpd.sim.workload import generate_requests
@@ -90,16 +90,14 @@ class Goodput:
 
     def __init__(self, problem: PlanProblem, num_requests: int, seed: int) -> None:
         self.problem, self.num_requests, self.seed = problem, num_requests, seed
-        # decode batches take about the longest output x TPOT to fill: requests arriving then are not
-        # measured; nor are those arriving in the same span before the last arrival, which live on into the
-        # drain after it, when nothing new competes (a probe of 6,000 requests at 240 requests/s on 12
-        # colocated instances passed at 99.5% where the same rate, run on, meets 0%)
-        self.warmup_s = problem.workload.output_stats().max * problem.slo.tpot_s
-        self.cooldown_s = self.warmup_s
+        # requests arriving in the warm-up (decode batches fill) or in the cool-down of the same span (they
+        # live on into the drain after the last arrival) are not measured: a probe of 6,000 requests at 240
+        # requests/s on 12 colocated instances measured without a cool-down passed at 99.5% where the same
+        # rate, run on, meets 0%
+        self.warmup_s = settle_span_s(problem.workload.output_stats().max, problem.slo.tpot_s)
 
     def _num_requests(self, rate: float) -> int:
-        """The warm-up's and the cool-down's requests, and num_requests measured between them."""
-        return self.num_requests + int(rate * (self.warmup_s + self.cooldown_s))
+        return num_requests_measuring(self.num_requests, rate, self.warmup_s)
 
     def _simulator(self, cluster: ClusterSpec, rate: float) -> Simulator:
         requests = generate_requests(self.problem.workload, rate, self._num_requests(rate), self.seed)
@@ -112,10 +110,10 @@ class Goodput:
 
     def _measure(self, run: SimRun) -> tuple[SimRun, SimSummary, float, float]:
         slo = self.problem.slo
-        lat = latencies(run, warmup_s=self.warmup_s, cooldown_s=self.cooldown_s)
+        lat = latencies(run, warmup_s=self.warmup_s, cooldown_s=self.warmup_s)
         ttft_miss = float((~lat.done | (lat.ttft_s > slo.ttft_s)).mean()) if len(lat.done) else 1.0
         tpot_miss = float((lat.tpot_s > slo.tpot_s).mean()) if len(lat.done) else 1.0
-        return (run, summarize(run, slo.ttft_s, slo.tpot_s, warmup_s=self.warmup_s, cooldown_s=self.cooldown_s),
+        return (run, summarize(run, slo.ttft_s, slo.tpot_s, warmup_s=self.warmup_s, cooldown_s=self.warmup_s),
                 ttft_miss, tpot_miss)
 
     def _run(self, cluster: ClusterSpec, rate: float) -> tuple[SimRun, SimSummary, float, float]:
@@ -131,7 +129,7 @@ class Goodput:
         slo = self.problem.slo
         sim = self._simulator(cluster, rate)
         watch = AttainmentWatch(sim.records, slo.ttft_s, slo.tpot_s, slo.attainment, warmup_s=self.warmup_s,
-                                response_latency_s=cluster.response_latency_s, cooldown_s=self.cooldown_s)
+                                response_latency_s=cluster.response_latency_s, cooldown_s=self.warmup_s)
         return sim, (None if sim.run_until_decided(watch) else bool(watch.passed))
 
     def reaches(self, cluster: ClusterSpec, rate: float, static_rate_per_s: float) -> bool:

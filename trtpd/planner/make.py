@@ -11,6 +11,7 @@ from trtpd.schema.plan import (ColocatedPlan, Comparison, DecodePlan, Expected, 
                                SideSummary, TargetSummary, Verification, WorkloadSummary)
 from trtpd.planner.search import Choice, PlanProblem, Planner, SearchResult, plan_search
 from trtpd.planner.verify import Verdict, verify
+from trtpd.sim.goodput import num_requests_measuring, settle_span_s
 from trtpd.sim.workload import generate_requests
 
 
@@ -113,9 +114,9 @@ def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: 
     planner = result.planner
     assert planner is not None
     space = problem.space
-    warmup_s = result.stats.output.max * problem.slo.tpot_s     # time for decode batches to fill
-    num_requests = options.num_requests + int(2 * rate * warmup_s)    # measured between warm-up and cool-down
-    requests = generate_requests(problem.workload, rate, num_requests, options.seed)
+    warmup_s = settle_span_s(result.stats.output.max, problem.slo.tpot_s)   # and the cool-down
+    requests = generate_requests(problem.workload, rate, num_requests_measuring(options.num_requests, rate, warmup_s),
+                                 options.seed)
     cfg, p = choice.config, problem.slo.attainment
 
     def analytic_q(counts: tuple[int, int]) -> tuple[float, float]:

@@ -47,13 +47,6 @@ def mg1_mean_wait_s(rate_per_s: float, mean_service_s: float, second_moment_s2: 
     return math.inf if rho >= 1 else rate_per_s * second_moment_s2 / (2 * (1 - rho))
 
 
-def kingman_mean_wait_s(rate_per_s: float, mean_service_s: float, arrival_cv2: float, service_cv2: float) -> float:
-    rho = rate_per_s * mean_service_s
-    if rho >= 1:
-        return math.inf
-    return rho / (1 - rho) * (arrival_cv2 + service_cv2) / 2 * mean_service_s
-
-
 def erlang_c(num_servers: int, offered_load: float) -> float:
     """The probability that an arrival waits in M/M/c (offered load a = lambda / mu, in servers);
     1 when a >= c. Erlang B by its recursion (stable for any c), then C = B / (1 - rho (1 - B))."""

@@ -56,7 +56,8 @@ class AttainmentWatch:
         r, j = self.records, self._next_late
         arrival, first_token, rejected = r.arrival_s, r.first_token_s, r.rejected
         now_out_s = now_s + self.response_latency_s
-        while j < min(num_arrived, self.end) and now_out_s - arrival[j] > self.ttft_slo_s:   # later: less late
+        last = min(num_arrived, self.end)
+        while j < last and now_out_s - arrival[j] > self.ttft_slo_s:   # later arrivals: less late
             if first_token[j] != first_token[j] and not rejected[j]:        # NaN: no first token yet
                 self._is_late[j] = 1
                 self.missed(j)

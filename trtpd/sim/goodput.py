@@ -19,13 +19,23 @@ class GoodputResult:
     gave_up: bool = False      # stopped once `give_up(hi)` held: the goodput is below hi (rate_per_s: hi)
 
 
+def settle_span_s(longest_output_tokens: float, tpot_s: float) -> float:
+    """The longest output x TPOT: how long decode batches take to fill (the warm-up, not measured) and how
+    long the last arrivals live on into the drain after them, when nothing new competes (the cool-down, not
+    measured either: it flatters them)."""
+    return longest_output_tokens * tpot_s
+
+
+def num_requests_measuring(num_measured: int, rate_per_s: float, span_s: float) -> int:
+    """A run that measures num_measured requests between a warm-up and a cool-down of span_s each."""
+    return num_measured + int(2 * rate_per_s * span_s)
+
+
 def attainment_at(cluster: ClusterSpec, workload: WorkloadSpec, rate_per_s: float, ttft_s: float, tpot_s: float,
                   num_requests: int, seed: int) -> float:
-    """num_requests measured, as the planner's probes (trtpd.planner.compare.Goodput): past a warm-up of the
-    longest output x TPOT (decode batches fill) and before a cool-down of the same span (its requests live
-    on into the drain after the last arrival), whose requests are simulated besides."""
-    span_s = workload.output_stats().max * tpot_s
-    requests = generate_requests(workload, rate_per_s, num_requests + int(2 * rate_per_s * span_s), seed)
+    """num_requests measured between a warm-up and a cool-down (settle_span_s), as the planner's probes."""
+    span_s = settle_span_s(workload.output_stats().max, tpot_s)
+    requests = generate_requests(workload, rate_per_s, num_requests_measuring(num_requests, rate_per_s, span_s), seed)
     run = simulate(cluster, requests, max_in_system=default_max_in_system(cluster))
     return summarize(run, ttft_s, tpot_s, warmup_s=span_s, cooldown_s=span_s).slo_attainment or 0.0
 

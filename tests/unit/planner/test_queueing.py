@@ -25,9 +25,11 @@ def test_pollaczek_khinchine_reduces_to_mm1_and_md1():
 
 
 def test_kingman_reduces_to_mm1_and_md1():
-    assert q.kingman_mean_wait_s(8, 0.1, 1.0, 1.0) == pytest.approx(q.mm1_mean_wait_s(8, 0.1))
-    assert q.kingman_mean_wait_s(8, 0.1, 1.0, 0.0) == pytest.approx(q.md1_mean_wait_s(8, 0.1))
-    assert q.kingman_mean_wait_s(8, 0.1, 4.0, 0.0) > q.kingman_mean_wait_s(8, 0.1, 1.0, 0.0)   # burstier
+    def kingman(rate, service_s, ca2, cs2):       # G/G/c with one server
+        return q.ggc_mean_wait_s(rate, service_s, ca2, cs2, 1)[0]
+    assert kingman(8, 0.1, 1.0, 1.0) == pytest.approx(q.mm1_mean_wait_s(8, 0.1))
+    assert kingman(8, 0.1, 1.0, 0.0) == pytest.approx(q.md1_mean_wait_s(8, 0.1))
+    assert kingman(8, 0.1, 4.0, 0.0) > kingman(8, 0.1, 1.0, 0.0)   # burstier
 
 
 def test_wait_quantile_is_exact_for_mm1():
@@ -54,8 +56,8 @@ def test_erlang_c_known_values():
 
 
 def test_ggc_reduces_to_kingman_and_is_exact_for_mmc():
-    mean, waits = q.ggc_mean_wait_s(8, 0.1, 1.0, 0.5, 1)
-    assert mean == pytest.approx(q.kingman_mean_wait_s(8, 0.1, 1.0, 0.5)) and waits == pytest.approx(0.8)
+    mean, waits = q.ggc_mean_wait_s(8, 0.1, 1.0, 0.5, 1)     # Kingman: rho / (1 - rho) x (ca2 + cs2) / 2 x S
+    assert mean == pytest.approx(0.8 / 0.2 * 0.75 * 0.1) and waits == pytest.approx(0.8)
     # M/M/3 at 2/3 per server, mu 10: Wq = C / (c mu - lambda) = (4/9) / (30 - 20)
     mean, waits = q.ggc_mean_wait_s(20 / 3, 0.1, 1.0, 1.0, 3)
     assert mean == pytest.approx(4 / 9 / 10) and waits == pytest.approx(4 / 9)
