@@ -76,8 +76,9 @@ def main() -> int:
         started = time.monotonic()
         bring_up(spec, progress=lambda *_: None)
         rows["cold start: trtpd up -f (1 prefill + 1 decode, baseline)"].append(time.monotonic() - started)
-        gw = load_fleet("bench").gateway
-        client = OpenAI(base_url=f"http://127.0.0.1:{gw['port']}/v1", api_key="none", max_retries=0)
+        from trtpd.fleet.gateway_process import api_key
+        fleet = load_fleet("bench")
+        client = OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key=api_key(fleet), max_retries=0)
         try:
             since = last_id()
             t0 = time.time()

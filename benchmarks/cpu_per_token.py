@@ -48,7 +48,7 @@ def main() -> None:
     from trtpd.deploy.spec import ReferenceDeployment
     from trtpd.engine.build import build_reference
     from trtpd.engine.checkpoint import load_checkpoint
-    from trtpd.fleet.gateway_process import attach_gateway
+    from trtpd.fleet.gateway_process import api_key, attach_gateway
     from trtpd.fleet.launcher import fleet_down, fleet_up
 
     root = build_reference("tiny-llama", args.engines)[0].parent
@@ -60,11 +60,12 @@ def main() -> None:
         try:
             attach_gateway(fleet)
             url = f"http://127.0.0.1:{fleet.gateway['port']}/v1"
-            run_openai(url, "tiny-llama", [replace(requests[0], request_id="warmup", send_at_s=0.0)])
+            run_openai(url, "tiny-llama", [replace(requests[0], request_id="warmup", send_at_s=0.0)],
+                       api_key=api_key(fleet))
             pgids = {i.server.pid for i in fleet.instances}
             gateway = {int(fleet.gateway["pid"])}
             before = group_cpu_s(pgids, set()), group_cpu_s(set(), gateway)
-            results = run_openai(url, "tiny-llama", requests)
+            results = run_openai(url, "tiny-llama", requests, api_key=api_key(fleet))
             after = group_cpu_s(pgids, set()), group_cpu_s(set(), gateway)
         finally:
             fleet_down(fleet.name)

@@ -31,7 +31,7 @@ def main() -> None:
 
     from trtpd.engine.build import build_reference
     from trtpd.fleet.launcher import fleet_down, fleet_up
-    from trtpd.fleet.gateway_process import attach_gateway
+    from trtpd.fleet.gateway_process import api_key, attach_gateway
     from trtpd.gateway.role_client import RoleClient, SamplingInputs
     from trtpd.kv.handle import load_or_create_key_file
     from trtpd.repo.reference import ReferenceDeployment
@@ -44,7 +44,8 @@ def main() -> None:
         inst = fleet.instances[0]
         prompt = "The quick brown fox"
         ids = load_text_tokenizer(fleet.tokenizer_dir).encode(prompt)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key="none", max_retries=0)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key=api_key(fleet),
+                               max_retries=0)
 
         async def direct_once(role: RoleClient, i: int) -> float:
             t0 = time.perf_counter()
@@ -58,7 +59,8 @@ def main() -> None:
             return time.perf_counter() - t0
 
         import httpx
-        raw = httpx.Client(base_url=f"http://127.0.0.1:{fleet.gateway['port']}")
+        raw = httpx.Client(base_url=f"http://127.0.0.1:{fleet.gateway['port']}",
+                           headers={"Authorization": f"Bearer {api_key(fleet)}"})
 
         def raw_once() -> float:   # the same request without the openai client's own work
             t0 = time.perf_counter()

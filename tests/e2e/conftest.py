@@ -210,6 +210,57 @@ def fleet_with_gateway(name: str, spec: ReferenceDeployment, **counts):
         fleet_down(name)
 
 
+def gateway_key(fleet) -> str:
+    """The API key of the fleet's gateway (attach_gateway made the deployment's api.key)."""
+    from trtpd.fleet.gateway_process import api_key
+    return api_key(fleet)
+
+
+def auth(fleet) -> dict[str, str]:
+    return {"Authorization": f"Bearer {gateway_key(fleet)}"}
+
+
+def gateway_url(fleet, path: str = "") -> str:
+    return f"http://127.0.0.1:{fleet.gateway['port']}{path}"
+
+
+@contextlib.contextmanager
+def extra_gateway(fleet, folder: Path, *args: str, timeout_s: float = 60.0, max_open_files: int | None = None):
+    """A second gateway process on the same fleet (no supervisor), with its own limits (and open-file limit);
+    yields its port and pid, stops it by pid on the way out."""
+    import resource
+    import subprocess
+    import sys
+
+    from trtpd.fleet.instance import pick_port
+    from trtpd.fleet.supervisor import stop_process
+    from trtpd.process_identity import start_time
+
+    folder.mkdir(parents=True, exist_ok=True)
+    port = pick_port(set())
+    cmd = [sys.executable, "-m", "trtpd.gateway", "--fleet-file", str(fleet.path), "--port", str(port),
+           "--state-file", str(folder / "gateway.json"), "--api-key-file", fleet.gateway["api_key_file"], *args]
+    with open(folder / "gateway.log", "ab") as log:
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))) \
+            if max_open_files else None
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=limit)
+    started = start_time(proc.pid)
+    try:
+        def healthy():
+            assert proc.poll() is None, (folder / "gateway.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    return r.status == 200
+            except (OSError, urllib.error.HTTPError):
+                return False
+        wait_for(healthy, timeout_s, "the extra gateway did not answer /health")
+        yield port, proc.pid
+    finally:
+        stop_process(proc.pid, started, 10.0)
+        proc.wait(timeout=10)
+
+
 def wait_for(predicate, timeout_s: float, what: str) -> None:
     """Polls `predicate` every 0.1 s until it holds; fails saying `what` did not happen within the bound."""
     deadline = time.monotonic() + timeout_s

@@ -1,6 +1,6 @@
 """`trtpd bench` and NVIDIA aiperf through a real 1P+1D fleet's OpenAI gateway (each role its own
 tritonserver): the CLI writes the report, its plots and the JSON, every request reaches the gateway, and
-aiperf runs offline with the reference tokenizer exported as a Hugging Face tokenizer folder.
+aiperf runs offline with the checkpoint folder as its tokenizer (a Hugging Face tokenizer.json).
 
 aiperf lives in its own environment (its dependencies are heavy and would move rich, pillow and
 prometheus-client in .venv): TRTPD_AIPERF names the executable, default .venv-aiperf/bin/aiperf, then
@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from trtpd.bench.hf_tokenizer import export
 from trtpd.deploy.spec import ReferenceDeployment
 
-from .conftest import fleet_with_gateway
+from .conftest import auth, fleet_with_gateway, gateway_key
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +37,8 @@ def fleet(trtpd_home, fp16_root):
 
 def gateway_completions(fleet) -> float:
     """trtpd_gateway_requests_total for /v1/completions answered 200."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{fleet.gateway['port']}/metrics", timeout=10).read().decode()
+    text = urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{fleet.gateway['port']}/metrics",
+                                                         headers=auth(fleet)), timeout=10).read().decode()
     for line in text.splitlines():
         if line.startswith('trtpd_gateway_requests_total{endpoint="/v1/completions",status="200"}'):
             return float(line.rsplit(" ", 1)[1])
@@ -57,7 +57,9 @@ def test_trtpd_bench_through_the_gateway_writes_report_plots_and_json(fleet, tmp
            "--arrival", "gamma", "--cv", "2", "--rate", "4", "--num-requests", "5", "--ttft-slo-ms", "5000",
            "--tpot-slo-ms", "1000", "--report", str(out / "bench.md"), "--json", str(out / "bench.json"),
            "--trace", str(out / "trace.csv")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    # the URL target's key comes from $OPENAI_API_KEY, as for any OpenAI client; the fleet's from its api.key
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "COLUMNS": "200", "OPENAI_API_KEY": gateway_key(fleet)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # 2 targets x (1 warm-up + 5 measured), all through this gateway
     assert gateway_completions(fleet) - before == 12
@@ -100,10 +102,11 @@ def aiperf_executable() -> Path:
                          "aiperf==0.13.0 (or set TRTPD_AIPERF to its executable); see docs/aiperf.md")
 
 
-def test_aiperf_runs_offline_against_the_gateway_with_the_exported_tokenizer(fleet, fp16_root, tmp_path):
+def test_aiperf_runs_offline_against_the_gateway_with_the_checkpoint_tokenizer(fleet, fp16_root, tmp_path):
     aiperf = aiperf_executable()
-    hf = export(fp16_root / "checkpoint", tmp_path / "hf-tokenizer")
-    # the exported tokenizer gives the reference tokenizer's ids (checked with aiperf's own transformers)
+    hf = fp16_root / "checkpoint"
+    # transformers' AutoTokenizer reads the checkpoint's tokenizer.json as it is and gives the reference
+    # tokenizer's ids (checked with aiperf's own transformers)
     check = ("import json, sys; from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(sys.argv[1]);"
              "print(json.dumps([t.encode(x) for x in json.loads(sys.argv[2])]))")
     from trtpd.engine import corpus
@@ -118,6 +121,7 @@ def test_aiperf_runs_offline_against_the_gateway_with_the_exported_tokenizer(fle
     art = tmp_path / "aiperf"
     cmd = [str(aiperf), "profile", "--model", "tiny-llama", "--url", f"http://127.0.0.1:{fleet.gateway['port']}",
            "--endpoint-type", "completions", "--streaming", "--tokenizer", str(hf), "--request-count", "8",
+           "--api-key", gateway_key(fleet),
            "--concurrency", "2", "--isl", "32", "--isl-stddev", "0", "--osl", "8", "--osl-stddev", "0",
            "--use-server-token-count", "--random-seed", "0", "--ui-type", "none", "--no-server-metrics",
            "--extra-inputs", "ignore_eos:true",   # sampled (temperature 1): without it an early EOS shortens OSL

@@ -50,14 +50,17 @@ def test_fleet_up_prints_the_openai_url_and_down_stops_every_process(tmp_path, f
 
     import openai
 
-    from trtpd.serving.stub_watch import is_running
+    from trtpd.process_identity import is_running
 
     env = {**os.environ, "TRTPD_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
     up = trtpd("up", "--fleet", "--prefill", "1", "--decode", "1", "--name", "fl", "--engines", str(fp16_root), env=env)
     assert up.returncode == 0, up.stderr
     try:
         url = re.search(r"OpenAI API\s+(http://127\.0\.0\.1:\d+/v1)", up.stdout).group(1)
-        reply = openai.OpenAI(base_url=url, api_key="none", max_retries=0).completions.create(
+        key = re.search(r"API key\s+(sk-trtpd-\S+)\s+\(shown once", up.stdout).group(1)   # printed once
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        reply = openai.OpenAI(base_url=url, api_key=key, max_retries=0).completions.create(
             model="tiny-llama", prompt="Hello", max_tokens=3, temperature=0)
         assert reply.usage.completion_tokens == 3
         rows = json.loads(trtpd("status", "--name", "fl", "--json", env=env).stdout)
@@ -65,7 +68,9 @@ def test_fleet_up_prints_the_openai_url_and_down_stops_every_process(tmp_path, f
         assert [i["state"] for i in fleet["instances"]] == ["ready", "ready"] and fleet["gateway"]["port"]
         pids = [(i["pid"], i["start_time"]) for i in fleet["instances"]]
         pids.append((fleet["gateway"]["pid"], fleet["gateway"]["start_time"]))
+        assert fleet["supervisor"]["running"]
+        pids.append((fleet["supervisor"]["pid"], fleet["supervisor"]["start_time"]))
     finally:
         down = trtpd("down", "--name", "fl", env=env)
     assert down.returncode == 0, down.stderr
-    assert not [p for p in pids if is_running(*p)]    # both instances and the gateway
+    assert not [p for p in pids if is_running(*p)]    # both instances, the gateway and its supervisord

@@ -18,6 +18,7 @@ from openai import OpenAI
 from trtpd.cli.main import main as trtpd
 from trtpd.controller.client import open_store
 from trtpd.controller.daemon import bring_up
+from trtpd.fleet.gateway_process import api_key
 from trtpd.fleet.records import load_fleet
 
 pytestmark = pytest.mark.e2e
@@ -41,8 +42,9 @@ rollout: {rollout or '{canary_share: 0.5, bake_s: 5, min_requests: 6, max_ttft_r
 
 
 def client(name: str) -> OpenAI:
-    gw = load_fleet(name).gateway
-    return OpenAI(base_url=f"http://127.0.0.1:{gw['port']}/v1", api_key="none", max_retries=0, timeout=60)
+    fleet = load_fleet(name)
+    return OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key=api_key(fleet), max_retries=0,
+                  timeout=60)
 
 
 def complete(c: OpenAI, prompt: str, max_tokens: int = MAX_TOKENS) -> str:
@@ -284,22 +286,44 @@ def test_in_place_change_restarts_nothing(deployment, fp16_root, tmp_path, capsy
     assert view["controller"]["rollout"] is None
 
 
-def test_a_restarted_controller_resumes_and_heals(deployment):
-    from trtpd.controller.daemon import controller_alive, spawn_controller
+def test_a_killed_controller_and_gateway_are_restarted_audited_and_the_controller_heals(deployment):
+    """supervisord restarts the controller after SIGKILL; the restarted controller resumes from its store and heals
+    an instance that died while no controller watched; a killed gateway is back on its port; every death and
+    restart is in the audit log."""
+    from trtpd.controller.daemon import controller_alive
+    from trtpd.fleet.gateway_process import running_gateway
     deployment("resume")
     store = open_store("resume")
     first = controller_alive(store)
+    victim = next(i for i in load_fleet("resume").instances if i.role == "decode")
+    killed_at = time.time()
     os.kill(int(first["pid"]), signal.SIGKILL)   # the controller dies; its instances keep serving
+    os.kill(victim.server.pid, signal.SIGKILL)   # and an instance dies while no controller watches
+    died = wait_audit("resume", lambda e: e.action == "controller_died" and e.ts > killed_at, 30,
+                      "the controller's death in the audit log")
+    assert died.actor == "supervisord" and died.detail["pid"] == int(first["pid"])
+    restarted = wait_audit("resume", lambda e: e.action == "controller_restarted" and e.ts > killed_at, 30,
+                           "the controller's restart in the audit log")
+    ready = wait_audit("resume", lambda e: e.action == "ready" and e.ts > killed_at, 60, "the replacement")
+    assert ready.detail["role"] == "decode" and ready.detail["instance"] != victim.name
+    assert controller_alive(store)["pid"] == restarted.detail["pid"] != int(first["pid"])
+    assert counts("resume") == {"prefill": 1, "decode": 1}   # nothing started twice
     c = client("resume")
     assert complete(c, PROMPTS[1])
-    victim = next(i for i in load_fleet("resume").instances if i.role == "decode")
-    os.kill(victim.server.pid, signal.SIGKILL)   # and an instance dies while no controller watches
-    restarted_at = time.time()
-    spawn_controller("resume")
-    ready = wait_audit("resume", lambda e: e.action == "ready" and e.ts > restarted_at, 60, "the replacement")
-    assert ready.detail["role"] == "decode" and ready.detail["instance"] != victim.name
-    assert counts("resume") == {"prefill": 1, "decode": 1}   # nothing started twice
-    assert complete(c, PROMPTS[1])
+    gateway = running_gateway(load_fleet("resume").gateway)
+    os.kill(gateway["pid"], signal.SIGKILL)
+    wait_audit("resume", lambda e: e.action == "gateway_restarted" and e.detail["pid"] != gateway["pid"], 30,
+               "the gateway's restart in the audit log")
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            assert complete(client("resume"), PROMPTS[1])    # the same port, the same key
+            break
+        except Exception:   # noqa: BLE001 - connection refused until the new gateway listens
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert [e.action for e in open_store("resume").audit_log() if e.action.startswith("gateway_died")]
 
 
 def test_the_autoscaler_acts_on_live_metrics(deployment):

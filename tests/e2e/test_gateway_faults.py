@@ -16,7 +16,7 @@ import pytest
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.deploy.spec import ReferenceDeployment
 
-from .conftest import fleet_with_gateway, wait_for
+from .conftest import fleet_with_gateway, gateway_key, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -34,8 +34,8 @@ def fleet(trtpd_home, fp16_root):
 
 
 def client(fleet) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key="none", max_retries=0,
-                         timeout=BOUND_S)
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key=gateway_key(fleet),
+                         max_retries=0, timeout=BOUND_S)
 
 
 def stream_text(fleet, prompt: str) -> tuple[str, str | None, float]:

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from trtpd.fleet.gateway_process import attach_gateway
+from trtpd.fleet.gateway_process import api_key, attach_gateway
 from trtpd.fleet.launcher import fleet_down, fleet_up
 from trtpd.observability import prometheus as prom
 from trtpd.deploy.spec import ReferenceDeployment
@@ -22,10 +22,10 @@ pytestmark = pytest.mark.e2e
 NAME = "obs-1p1d"
 
 
-def complete(port: int, prompt: str, stream: bool = False) -> None:
+def complete(port: int, key: str, prompt: str, stream: bool = False) -> None:
     body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": stream}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     with urllib.request.urlopen(req, timeout=120) as resp:
         assert resp.status == 200
         text = resp.read().decode()
@@ -59,7 +59,7 @@ def test_prometheus_scrapes_a_fleet_and_loads_the_alerts(trtpd_home, fp16_root, 
         attach_gateway(fleet)
         port = fleet.gateway["port"]
         for i in range(4):
-            complete(port, f"Observability request {i}: the quick brown fox", stream=bool(i % 2))
+            complete(port, api_key(fleet), f"Observability request {i}: the quick brown fox", stream=bool(i % 2))
 
         p = prom.start_for_fleet(fleet, tmp_path / "prometheus", scrape_interval="1s", binary=binary)
         assert p.url.startswith("http://127.0.0.1:")
@@ -78,7 +78,7 @@ def test_prometheus_scrapes_a_fleet_and_loads_the_alerts(trtpd_home, fp16_root, 
         assert count == 4
         # traffic after the first scrapes, so rate() over the window sees the counters move
         for i in range(4):
-            complete(port, f"Second wave {i}: jumps over the lazy dog", stream=bool(i % 2))
+            complete(port, api_key(fleet), f"Second wave {i}: jumps over the lazy dog", stream=bool(i % 2))
 
         def ttft_p99():
             v = scalar(prom.query(p.url, "histogram_quantile(0.99, sum(rate(trtpd_gateway_ttft_seconds_bucket[30s]))"
@@ -129,5 +129,5 @@ def test_prometheus_scrapes_a_fleet_and_loads_the_alerts(trtpd_home, fp16_root, 
                 prom.stop_prometheus(p)
         finally:
             fleet_down(NAME)
-    from trtpd.serving.stub_watch import is_running
+    from trtpd.process_identity import is_running
     assert not is_running(p.pid, p.start_time)

@@ -38,12 +38,12 @@ async def _one(client, model: str, req: BenchRequest, start_s: float, res: Reque
 
 
 async def _run(base_url: str, model: str, requests: list[BenchRequest], timeout_s: float,
-               on_done: Callable[[RequestResult], None] | None) -> list[RequestResult]:
+               on_done: Callable[[RequestResult], None] | None, api_key: str | None) -> list[RequestResult]:
     import httpx
     import openai
 
     limits = httpx.Limits(max_connections=max(16, len(requests)), max_keepalive_connections=64)
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0,
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "none", max_retries=0,
                                 http_client=httpx.AsyncClient(limits=limits, timeout=timeout_s))
     results = [RequestResult(r.request_id, r.num_prompt_tokens) for r in requests]
     start = time.perf_counter()
@@ -60,6 +60,8 @@ async def _run(base_url: str, model: str, requests: list[BenchRequest], timeout_
 
 
 def run_openai(base_url: str, model: str, requests: list[BenchRequest], timeout_s: float = 300.0,
-               on_done: Callable[[RequestResult], None] | None = None) -> list[RequestResult]:
-    """Sends `requests` open-loop at their `send_at_s` through the OpenAI API and waits until all finished."""
-    return asyncio.run(_run(base_url, model, requests, timeout_s, on_done))
+               on_done: Callable[[RequestResult], None] | None = None,
+               api_key: str | None = None) -> list[RequestResult]:
+    """Sends `requests` open-loop at their `send_at_s` through the OpenAI API and waits until all finished
+    (`Authorization: Bearer api_key` when given)."""
+    return asyncio.run(_run(base_url, model, requests, timeout_s, on_done, api_key))

@@ -48,21 +48,21 @@ def _through_gateway(name: str, spec: ReferenceDeployment, counts: dict[str, int
     OpenAI API, stops everything."""
     from trtpd.bench.openai_load import run_openai
     from trtpd.fleet.launcher import fleet_down, fleet_up
-    from trtpd.fleet.gateway_process import attach_gateway
+    from trtpd.fleet.gateway_process import api_key, attach_gateway
 
     t0 = time.perf_counter()
     fleet = fleet_up(name, spec, replace=True, **counts)
     try:
         attach_gateway(fleet)
-        url = f"http://127.0.0.1:{fleet.gateway['port']}/v1"
+        url, key = f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key(fleet)
         layout = ", ".join(f"{i.name} on cpu {','.join(map(str, i.cpus))}" for i in fleet.instances)
         console.print(f"  {spec.mode}: fleet ready in {time.perf_counter() - t0:.1f} s ({layout}); "
                       f"OpenAI API {url}; warming up")
-        run_openai(url, model, [replace(requests[0], request_id="warmup", send_at_s=0.0)])
+        run_openai(url, model, [replace(requests[0], request_id="warmup", send_at_s=0.0)], api_key=key)
         with Progress(TextColumn(f"  {spec.mode:<14}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=False) as progress:
             task = progress.add_task(spec.mode, total=len(requests))
-            return run_openai(url, model, requests, on_done=lambda _: progress.advance(task))
+            return run_openai(url, model, requests, on_done=lambda _: progress.advance(task), api_key=key)
     finally:
         fleet_down(name)
 

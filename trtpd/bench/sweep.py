@@ -35,16 +35,19 @@ class Target:
     model: str                      # the OpenAI `model`, or the Triton model (the ensemble)
     tokenizer_dir: str | None       # the checkpoint folder with the tokenizer, when known
     max_input_len: int
+    api_key: str | None = None      # sent as `Authorization: Bearer` to an OpenAI target
 
     @property
     def label(self) -> str:
         return self.info.label
 
 
-def _openai_model(base_url: str, timeout_s: float = 10.0) -> str:
+def _openai_model(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
     """The model the server lists first at GET {base_url}/models."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with urllib.request.urlopen(f"{base_url}/models", timeout=timeout_s) as resp:
+        with urllib.request.urlopen(urllib.request.Request(f"{base_url}/models", headers=headers),
+                                    timeout=timeout_s) as resp:
             data = json.loads(resp.read().decode())
         return str(data["data"][0]["id"])
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as exc:
@@ -60,23 +63,29 @@ def normalize_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def resolve_target(name_or_url: str, model: str | None = None) -> Target:
-    """A URL (http://...), a fleet's name (its gateway) or a single-server deployment's name (its gRPC)."""
+def resolve_target(name_or_url: str, model: str | None = None, api_key: str | None = None) -> Target:
+    """A URL (http://...; the key from `api_key` or $OPENAI_API_KEY), a fleet's name (its gateway, with the
+    fleet's own key) or a single-server deployment's name (its gRPC)."""
+    import os
+
+    from trtpd.fleet.gateway_process import api_key as fleet_api_key
     from trtpd.fleet.records import is_fleet, load_fleet
 
     if name_or_url.startswith(("http://", "https://")):
         url = normalize_url(name_or_url)
-        return Target(TargetInfo(urllib.parse.urlsplit(url).netloc, "openai", url), model or _openai_model(url),
-                      None, DEFAULT_MAX_INPUT_LEN)
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        return Target(TargetInfo(urllib.parse.urlsplit(url).netloc, "openai", url), model or _openai_model(url, key),
+                      None, DEFAULT_MAX_INPUT_LEN, key)
     if is_fleet(name_or_url):
         fleet = load_fleet(name_or_url)
         if not fleet.gateway or not fleet.gateway.get("port"):
             raise TrtpdError(f"fleet {fleet.name!r} has no gateway running (restart it with `trtpd up --fleet "
                              f"--name {fleet.name} --replace`, which starts one)")
         url = f"http://{fleet.gateway.get('host', '127.0.0.1')}:{fleet.gateway['port']}/v1"
+        key = api_key or fleet_api_key(fleet)
         return Target(TargetInfo(f"{fleet.name} ({fleet.mode})", "openai", url, fleet.mode),
-                      model or _openai_model(url), fleet.tokenizer_dir,
-                      min((i.max_input_len for i in fleet.instances), default=DEFAULT_MAX_INPUT_LEN))
+                      model or _openai_model(url, key), fleet.tokenizer_dir,
+                      min((i.max_input_len for i in fleet.instances), default=DEFAULT_MAX_INPUT_LEN), key)
     from trtpd.serving.deployment import Deployment
 
     dep = Deployment.load(name_or_url)
@@ -137,7 +146,8 @@ def send(target: Target, requests: list[BenchRequest], timeout_s: float,
          on_done: Callable[[RequestResult], None] | None = None) -> list[RequestResult]:
     if target.info.kind == "openai":
         from trtpd.bench.openai_load import run_openai
-        return run_openai(target.info.url, target.model, requests, timeout_s=timeout_s, on_done=on_done)
+        return run_openai(target.info.url, target.model, requests, timeout_s=timeout_s, on_done=on_done,
+                          api_key=target.api_key)
     from trtpd.bench.client import run_stream
     return run_stream(target.info.url, requests, model=target.model, timeout_s=timeout_s, on_done=on_done)
 

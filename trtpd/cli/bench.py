@@ -53,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="another target (fleet or deployment name, or URL) that gets the same requests; repeatable")
     p.add_argument("--model", help="the OpenAI `model` to request (default: the first one the server's /v1/models "
                                    "lists; Triton targets: the ensemble)")
+    p.add_argument("--api-key-file", type=Path, metavar="FILE",
+                   help="the API key for --url targets (first line of FILE; default: $OPENAI_API_KEY); a fleet "
+                        "named with --name uses its own key")
     p.add_argument("--tokenizer", type=Path, metavar="CHECKPOINT_DIR",
                    help="the reference checkpoint folder whose tokenizer sizes the prompts (default: the target's; "
                         "needed with --url alone)")
@@ -95,7 +98,12 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.sim.workload import load_workload
 
     console = Console()
-    targets = unique_labels([resolve_target(t, args.model) for t in [args.url or args.name, *(args.compare or [])]])
+    key = None
+    if args.api_key_file:
+        from trtpd.gateway.api_keys import first_key, read_api_keys
+        read_api_keys(args.api_key_file)   # refused when others can read it
+        key = first_key(args.api_key_file)
+    targets = unique_labels([resolve_target(t, args.model, key) for t in [args.url or args.name, *(args.compare or [])]])
     spec = with_arrival(load_workload(args.workload), args.arrival, args.cv)
     if spec.trace is not None and len(args.rate) > 1:
         raise ConfigError(f"--rate {','.join(f'{r:g}' for r in args.rate)}: workload {spec.name!r} replays a trace "

@@ -26,8 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gateway-port", type=a.port, default=0, help="--fleet: the gateway's port (default: a free one)")
     p.add_argument("--triton-entry", action="store_true",
                    help="--fleet: also a Triton server with the ensemble, routed across the instances like the gateway")
-    p.add_argument("--api-key-file", help="--fleet: the gateway requires one of the keys in this file (one per line; "
-                                          "default: no key)")
+    auth = p.add_mutually_exclusive_group()
+    auth.add_argument("--api-key-file", help="--fleet: the gateway requires one of the keys in this file (one per "
+                                             "line, mode 0600; default: the deployment's api.key, made and printed "
+                                             "on the first start)")
+    auth.add_argument("--no-auth", action="store_true", help="--fleet: serve the OpenAI API without a key "
+                                                             "(the gateway listens on 127.0.0.1 only)")
     add_reference_args(p)
     for role in ("prefill", "decode", "colocated"):   # short forms for --fleet; the same settings
         p.add_argument(f"--{role}", dest=f"{role}_instances", type=a.positive_int, default=argparse.SUPPRESS,
@@ -43,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
         return run_spec(args)
     if args.fleet:
         return run_fleet(args)
-    if args.gateway_port or args.api_key_file or args.triton_entry:
-        raise a.ConfigError("--gateway-port, --api-key-file and --triton-entry need --fleet (the single server has "
-                            "no gateway; its ensemble is the Triton entry)")
+    if args.gateway_port or args.api_key_file or args.no_auth or args.triton_entry:
+        raise a.ConfigError("--gateway-port, --api-key-file, --no-auth and --triton-entry need --fleet (the single "
+                            "server has no gateway; its ensemble is the Triton entry)")
     from trtpd.fleet.records import is_fleet
     if is_fleet(args.name):
         raise a.ConfigError(f"{args.name!r} is a fleet; `trtpd down --name {args.name}` first, or choose another --name")
@@ -84,13 +88,12 @@ def run_fleet(args: argparse.Namespace) -> int:
           f"decode first) ...", flush=True)
     fleet = fleet_up(args.name, spec, replace=args.replace, triton_entry=args.triton_entry, **counts)
     try:
-        attach_gateway(fleet, port=args.gateway_port, api_key_file=args.api_key_file)
+        attach_gateway(fleet, port=args.gateway_port, api_key_file=args.api_key_file, no_auth=args.no_auth)
     except BaseException:
         fleet_down(fleet.name)
         raise
     print(f"ready: {fleet.name} ({fleet.mode} fleet, {len(fleet.instances)} instances, key {fleet.key_file})")
-    print(f"  OpenAI API   http://127.0.0.1:{fleet.gateway['port']}/v1   (gateway pid {fleet.gateway['pid']}; "
-          f"/health, /metrics)")
+    print_gateway(fleet.gateway)
     for i in fleet.instances:
         s = i.server
         print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  gRPC {i.grpc_url}  HTTP http://{i.http_url}  "
@@ -114,10 +117,20 @@ def run_spec(args: argparse.Namespace) -> int:
         raise a.ConfigError(f"-f/--file takes every setting from the spec; drop {', '.join(a.flag(d) for d in extra)}")
     print(f"starting the deployment in {args.spec_file} under the controller ...", flush=True)
     up = bring_up(Path(args.spec_file))
-    gw = up["gateway"]
     print(f"ready: {up['name']} revision {up['revision']} ({', '.join(up['instances'])})")
-    print(f"  OpenAI API   http://{gw['host']}:{gw['port']}/v1   (gateway pid {gw['pid']}; /health, /metrics)")
+    print_gateway(up["gateway"])
     scale = " ".join(f"{role}=N" for role in up["roles"])
     print(f"  controller   running; `trtpd scale {up['name']} {scale}`, `trtpd rollout SPEC.yaml`, "
           f"`trtpd history {up['name']}`, `trtpd down --name {up['name']}`")
     return 0
+
+
+def print_gateway(gw: dict) -> None:
+    print(f"  OpenAI API   http://{gw['host']}:{gw['port']}/v1   (gateway pid {gw['pid']}, restarted by supervisord "
+          f"if it dies; /health, /metrics)")
+    if gw.get("new_api_key"):
+        print(f"  API key      {gw['new_api_key']}   (shown once; kept in {gw['api_key_file']}, mode 0600)")
+    elif gw.get("api_key_file"):
+        print(f"  API key      in {gw['api_key_file']} (send `Authorization: Bearer <key>`)")
+    else:
+        print("  API key      none (--no-auth: anyone on this host can use the API)")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,7 +20,7 @@ from trtpd.controller.spec import DeploymentSpec, check_revision, load_spec
 from trtpd.controller.store import ControllerStore, actor
 from trtpd.errors import ConfigError, TrtpdError
 from trtpd.serving import deployment
-from trtpd.serving.stub_watch import is_running, start_time
+from trtpd.process_identity import is_running, start_time
 
 TICK_S = 0.5
 
@@ -99,11 +97,13 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
                  f"{time.monotonic() - started:.1f} s")
         fleet = load_fleet(name)
         g = spec.gateway
-        attach_gateway(fleet, port=g.port, extra_args=[
-            "--max-inflight", str(g.max_inflight), "--max-queued", str(g.max_queued),
-            "--slo-ttft-s", str(spec.slo.ttft_s), "--slo-tpot-s", str(spec.slo.tpot_s), "--host", g.host])
+        # the gateway and the controller run under supervisord, which restarts either one that dies
+        attach_gateway(fleet, port=g.port, host=g.host, api_key_file=g.api_key_file, no_auth=not g.auth,
+                       controller=daemon, extra_args=[
+                           "--max-inflight", str(g.max_inflight), "--max-queued", str(g.max_queued),
+                           "--slo-ttft-s", str(spec.slo.ttft_s), "--slo-tpot-s", str(spec.slo.tpot_s)])
         if daemon:
-            spawn_controller(name)
+            wait_controller(name)
     except BaseException:
         from trtpd.fleet.launcher import fleet_down
         try:
@@ -116,30 +116,23 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
             "instances": [i.name for i in fleet.instances]}
 
 
-def spawn_controller(name: str) -> dict:
-    """Starts `python -m trtpd.controller run --name NAME` in its own session; its pid goes in the store."""
+def wait_controller(name: str, timeout_s: float = 30.0) -> dict:
+    """The controller's record once its first pass ran (it writes it itself)."""
     store = ControllerStore.for_deployment(name)
     log_path = deployment.deployment_dir(name) / "controller.log"
-    env = {**os.environ, "TRTPD_HOME": str(deployment.trtpd_home())}
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "trtpd.controller", "run", "--name", name],
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=env)
-    record = {"pid": proc.pid, "start_time": start_time(proc.pid), "log": str(log_path)}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:   # it writes its own record once its first pass ran
-        if proc.poll() is not None:
-            raise TrtpdError(f"the controller exited at start (status {proc.returncode}); see {log_path}")
-        mine = store.get("controller")
-        if mine and int(mine["pid"]) == proc.pid:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = controller_alive(store)
+        if record is not None:
             return record
         time.sleep(0.1)
-    raise TrtpdError(f"the controller did not start within 30 s; see {log_path}")
+    raise TrtpdError(f"the controller did not start within {timeout_s:.0f} s; see {log_path}")
 
 
 def run_controller(name: str, interval_s: float = TICK_S) -> None:
     """The controller process's body: record itself, tick until SIGTERM."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from trtpd import log_limits
+    log_limits.configure(logging.INFO)
     store = ControllerStore.for_deployment(name)
     other = controller_alive(store)
     if other and int(other["pid"]) != os.getpid():

@@ -79,9 +79,20 @@ class SloSpec(_Strict):
 
 class GatewaySpec(_Strict):
     host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)        # 0: any free port
+    port: int = Field(0, ge=0, le=65535)        # 0: a free port, kept across gateway restarts
     max_inflight: int = Field(64, ge=1)
     max_queued: int = Field(256, ge=0)
+    api_key_file: str | None = None             # None: the deployment's api.key (made, 0600, on the first `up`)
+    auth: bool = True                           # false: no API key (loopback hosts only)
+
+    @model_validator(mode="after")
+    def _auth_on_loopback(self):
+        from trtpd.gateway.api_keys import is_loopback
+        if not self.auth and not is_loopback(self.host):
+            raise ValueError(f"auth: false is allowed on a loopback host only (host is {self.host})")
+        if not self.auth and self.api_key_file:
+            raise ValueError("api_key_file is set but auth is false; drop one")
+        return self
 
 
 class AutoscalingSpec(_Strict):

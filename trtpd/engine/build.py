@@ -24,12 +24,14 @@ from trtpd.schema.manifest import (BuildInputs, EngineBuildConfig, EngineManifes
 from trtpd.engine.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, load_checkpoint, write_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role, role_defaults
 from trtpd.engine.model import FP8_MAX, LlamaModel, init_weights
+from trtpd.engine.tokenizer import CONFIG_FILE as TOKENIZER_CONFIG_FILE
 from trtpd.engine.tokenizer import Tokenizer
 from trtpd.errors import ConfigError
 from trtpd.staging import staged_folder
 
 MAX_REFERENCE_PARAMS = 200_000_000
-ENGINE_FORMAT = 2   # bump when the engine folder's contents change, so old builds are rebuilt
+ENGINE_FORMAT = 3   # bump when the engine folder's contents change, so old builds are rebuilt
+TOKENIZER_SCHEME = "hf-tokenizers-llama2-bpe-1"   # 3: a Hugging Face tokenizer.json (was trtpd's own BPE file)
 ROLES = (Role.PREFILL, Role.DECODE, Role.COLOCATED)
 Progress = Callable[[str], None]
 
@@ -65,7 +67,8 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
                           f"max_position_embeddings ({spec.max_position_embeddings}); lower --max-input-len or --max-output-len")
     root = build_root(engines_dir, model, dtype)
     inputs = {"model": model, "kv_dtype": dtype.value, "tokens_per_block": tokens_per_block,
-              "max_input_len": max_input_len, "max_output_len": max_output_len, "seed": seed}
+              "max_input_len": max_input_len, "max_output_len": max_output_len, "seed": seed,
+              "tokenizer": TOKENIZER_SCHEME}
     dirs = [root / f"{role.value}-tp1" for role in ROLES]
     configs = {}
     for role in ROLES:  # validate every engine config before writing anything
@@ -82,13 +85,14 @@ def build_reference(model: str, engines_dir: Path, *, kv_dtype: str = "fp16", to
         started = time.perf_counter()
         say(f"[1/3] weights: {spec.num_params / 1e6:.1f}M parameters, seed {seed}")
         weights = init_weights(spec, seed)
-        say(f"[2/3] tokenizer: byte-fallback BPE, vocab {spec.vocab_size}")
+        say(f"[2/3] tokenizer: Llama-2-style byte-fallback BPE (Hugging Face tokenizers), vocab {spec.vocab_size}")
         tokenizer = Tokenizer.train(corpus.training_corpus(), spec.vocab_size)
         k_scales, v_scales = _kv_scales(spec, weights, tokenizer, dtype)
         write_checkpoint(staging / "checkpoint", spec, weights, tokenizer, dtype, k_scales, v_scales, seed)
         say(f"[3/3] engines: {', '.join(r.value for r in ROLES)} (kv {dtype.value}, tokens_per_block {tokens_per_block})")
         digest = load_checkpoint(staging / "checkpoint").layout(tokens_per_block).scales_digest
-        checkpoint_files = [staging / "checkpoint" / n for n in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE)]
+        checkpoint_files = [staging / "checkpoint" / n for n in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE,
+                                                                  TOKENIZER_CONFIG_FILE)]
         for role, config in configs.items():
             out = staging / f"{role.value}-tp1"
             out.mkdir()

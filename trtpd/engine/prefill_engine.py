@@ -21,6 +21,7 @@ from trtpd.engine.request import (EngineOutput, EngineRequest, RequestError, Req
                                   forward_each_on_failure, logits_rows)
 from trtpd.engine.sampler import sample
 from trtpd.kv.errors import KvExportNotFoundError
+from trtpd.kv.export_table import ExportAbandoned
 from trtpd.kv.pool import KvPool
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.prefill import PrefillRequest, PrefillScheduler, PrefillSchedulerConfig
@@ -108,6 +109,9 @@ class PrefillEngine:
             item = self.waiting.pop(req.request_id)
             try:
                 handle = self._start_export(item, req.num_tokens)
+            except ExportAbandoned:   # its client left before it was scheduled: no compute, no KV
+                outputs.append(EngineOutput(req.request_id, finished=True, finish_reason="cancelled"))
+                continue
             except Exception as exc:
                 outputs.append(self._error(item, f"KV export could not start: {type(exc).__name__}: {exc}"))
                 continue

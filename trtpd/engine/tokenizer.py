@@ -1,134 +1,246 @@
-"""A byte-fallback BPE tokenizer that needs no download (Llama's scheme, trained here).
+"""The reference tokenizer: a Hugging Face `tokenizers` model in Llama-2's scheme, trained here, no download.
 
-Ids: 0 <unk>, 1 <s> (BOS), 2 </s> (EOS), 3..258 the byte tokens <0x00>..<0xFF> (for characters
-outside the learned alphabet, as SentencePiece's byte fallback), then the base characters, then
-merges, then reserved tokens that pad the vocabulary to the model's size (they decode to "").
-Training is deterministic: pair counts break ties by the pair itself.
+Llama-2's own tokenizer.json (a SentencePiece BPE converted by transformers) is what it copies: pieces carry
+"▁" for a space (a Metaspace pre-tokenizer, "▁" prepended to the text), byte fallback for characters outside
+the learned alphabet (tokens <0x00>..<0xFF>), <s> prepended by the post-processor, and the decoder
+Replace("▁", " ") + ByteFallback + Fuse + Strip(one leading space). So `decode([id of "▁the"])` is "the",
+without its space, exactly as Llama's is: streamed text must be detokenized incrementally (decode_stream).
+
+Ids: 0 <unk>, 1 <s> (BOS), 2 </s> (EOS), 3..258 the byte tokens, then the learned pieces in the order BPE
+training added them, then reserved special tokens that pad the vocabulary to the model's size (they decode
+to "", as Llama-3's reserved tokens do). The file is a plain tokenizer.json with a tokenizer_config.json
+beside it, so transformers' AutoTokenizer, aiperf's --tokenizer and the GPU path's tooling read the
+checkpoint folder as it is. Training is deterministic (the same corpus gives the same file, byte for byte).
+Encoding is linear in the text's length (the `tokenizers` library's BPE), unlike the hand-written BPE it
+replaces, which was quadratic in the length of a word.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
-import re
-from collections import Counter
-from functools import lru_cache
 from pathlib import Path
 
+from tokenizers import Tokenizer as HfTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
 UNK, BOS, EOS = 0, 1, 2
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 NUM_SPECIAL = 3
 BYTE_BASE = NUM_SPECIAL
 NUM_BYTES = 256
-_PIECE = re.compile(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+")
+SPACE = "\u2581"   # "▁", SentencePiece's visible space
+REPLACEMENT = "\ufffd"
+CONFIG_FILE = "tokenizer_config.json"
 
 
 class InvalidTextError(ValueError):
-    """The input is not valid UTF-8 text."""
+    """The input is not text the tokenizer can take (invalid UTF-8, a lone surrogate)."""
 
 
-def pieces(text: str) -> list[str]:
-    return _PIECE.findall(text)
+def _pipeline(model) -> HfTokenizer:
+    tok = HfTokenizer(model)
+    # Llama-2's tokenizer.json normalizer (SentencePiece's dummy prefix, spaces made visible), then pieces split
+    # before each "▁" so that BPE works word by word
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=True)
+    tok.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    return tok
 
 
 class Tokenizer:
-    def __init__(self, tokens: list[str], merges: list[tuple[str, str]]) -> None:
-        self.tokens = tokens
-        self.merges = merges
-        self.vocab_size = len(tokens)
-        self.ids = {t: i for i, t in enumerate(tokens) if i >= BYTE_BASE + NUM_BYTES and not t.startswith("<reserved")}
-        self.merge_rank = {pair: rank for rank, pair in enumerate(merges)}
-        self._encode_piece = lru_cache(maxsize=65536)(self._encode_piece_uncached)
+    """Any `tokenizers` tokenizer.json (the reference one, or a Hugging Face checkpoint's) behind the few calls
+    trtpd makes: encode with or without BOS, decode without special tokens, incremental decoding."""
+
+    def __init__(self, tok: HfTokenizer, eos_id: int = EOS, bos_id: int | None = BOS) -> None:
+        self.tok = tok
+        self.eos_id = eos_id
+        self.bos_id = bos_id
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        pieces = tok.get_vocab(with_added_tokens=False)
+        # the most characters one token can stand for: a prompt longer than max_input_len times this has
+        # more than max_input_len tokens, whatever its text, so it is refused before it is tokenized
+        self.max_token_chars = max((len(p) for p in pieces), default=1)
+        self.piece_bytes = _piece_bytes(tok)
 
     # ---- training -------------------------------------------------------------------------
     @classmethod
     def train(cls, corpus: str, vocab_size: int) -> "Tokenizer":
-        alphabet = sorted(set(corpus))
-        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(NUM_BYTES)] + alphabet
-        if len(tokens) > vocab_size:
-            raise ValueError(f"vocab_size {vocab_size} is smaller than the base vocabulary ({len(tokens)})")
-        words = Counter(pieces(corpus))
-        splits = {w: list(w) for w in words}
-        merges: list[tuple[str, str]] = []
-        known = set(tokens)
-        while len(tokens) < vocab_size:
-            pairs: Counter = Counter()
-            for w, n in words.items():
-                s = splits[w]
-                for a, b in zip(s, s[1:]):
-                    pairs[(a, b)] += n
-            if not pairs:
-                break
-            best = min(pairs, key=lambda p: (-pairs[p], p))
-            if pairs[best] < 2:
-                break
-            merged = best[0] + best[1]
-            merges.append(best)
-            if merged not in known:
-                tokens.append(merged)
-                known.add(merged)
-            for w in words:
-                s = splits[w]
-                i, out = 0, []
-                while i < len(s):
-                    if i + 1 < len(s) and s[i] == best[0] and s[i + 1] == best[1]:
-                        out.append(merged)
-                        i += 2
-                    else:
-                        out.append(s[i])
-                        i += 1
-                splits[w] = out
-        tokens += [f"<reserved_{i}>" for i in range(vocab_size - len(tokens))]
-        return cls(tokens, merges)
+        alphabet = sorted(set(corpus.replace(" ", SPACE)) | {SPACE})
+        base = NUM_SPECIAL + NUM_BYTES + len(alphabet)
+        if base > vocab_size:
+            raise ValueError(f"vocab_size {vocab_size} is smaller than the base vocabulary ({base})")
+        draft = _pipeline(models.BPE(unk_token=SPECIAL_TOKENS[UNK], byte_fallback=True))
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size - NUM_BYTES, special_tokens=list(SPECIAL_TOKENS),
+                                      initial_alphabet=alphabet, limit_alphabet=len(alphabet), min_frequency=2,
+                                      show_progress=False)
+        draft.train_from_iterator([corpus], trainer=trainer)
+        learned = json.loads(draft.to_str())["model"]
+        # Llama's id order: the specials, the 256 byte tokens, then the learned pieces
+        vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+        vocab.update({f"<0x{b:02X}>": BYTE_BASE + b for b in range(NUM_BYTES)})
+        for piece, i in sorted(learned["vocab"].items(), key=lambda kv: kv[1]):
+            if piece not in vocab:
+                vocab[piece] = len(vocab)
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in learned["merges"]]
+        tok = _pipeline(models.BPE(vocab=vocab, merges=merges, unk_token=SPECIAL_TOKENS[UNK], byte_fallback=True))
+        tok.add_special_tokens([*SPECIAL_TOKENS, *(f"<reserved_{i}>" for i in range(vocab_size - len(vocab)))])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{SPECIAL_TOKENS[BOS]} $A", pair=f"{SPECIAL_TOKENS[BOS]} $A {SPECIAL_TOKENS[BOS]} $B",
+            special_tokens=[(SPECIAL_TOKENS[BOS], BOS)])
+        return cls(tok)
 
     # ---- persistence ----------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"type": "trtpd-bpe", "version": 1, "tokens": self.tokens,
-                                    "merges": [list(m) for m in self.merges]}, ensure_ascii=False))
+        """Writes tokenizer.json at `path` and tokenizer_config.json beside it (what AutoTokenizer reads)."""
+        path = Path(path)
+        path.write_text(self.tok.to_str(pretty=False))
+        vocab = self.tok.get_vocab(with_added_tokens=True)
+        names = {i: t for t, i in vocab.items()}
+        (path.parent / CONFIG_FILE).write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": names.get(self.bos_id),
+            "eos_token": names.get(self.eos_id), "unk_token": names.get(UNK), "add_bos_token": True,
+            "add_eos_token": False, "clean_up_tokenization_spaces": False, "legacy": False,
+            "model_max_length": 1 << 20}, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> "Tokenizer":
-        data = json.loads(Path(path).read_text())
-        if data.get("type") != "trtpd-bpe":
-            raise ValueError(f"{path}: not a trtpd tokenizer file")
-        return cls(data["tokens"], [tuple(m) for m in data["merges"]])
+        """A tokenizer.json; the EOS and BOS ids come from the tokenizer_config.json beside it when it names them
+        (a Hugging Face checkpoint), else Llama's 2 and 1."""
+        path = Path(path)
+        try:
+            tok = HfTokenizer.from_file(str(path))
+        except Exception as exc:   # noqa: BLE001 - the library raises plain Exception for a bad file
+            raise ValueError(f"{path}: not a Hugging Face tokenizer.json ({exc})") from None
+        config_path = path.parent / CONFIG_FILE
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        eos, bos = _token_id(tok, config.get("eos_token")), _token_id(tok, config.get("bos_token"))
+        return cls(tok, EOS if eos is None else eos, BOS if bos is None and "bos_token" not in config else bos)
 
     # ---- encode / decode ------------------------------------------------------------------
-    def _encode_piece_uncached(self, piece: str) -> tuple[int, ...]:
-        parts = list(piece)
-        while len(parts) > 1:
-            ranked = [(self.merge_rank.get((a, b), None), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
-            ranked = [(r, i) for r, i in ranked if r is not None]
-            if not ranked:
-                break
-            _, i = min(ranked)
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
-        ids: list[int] = []
-        for part in parts:
-            if part in self.ids:
-                ids.append(self.ids[part])
-            else:
-                ids.extend(BYTE_BASE + b for b in part.encode("utf-8"))
-        return tuple(ids)
-
     def encode(self, text: "str | bytes", add_bos: bool = True) -> list[int]:
         if isinstance(text, bytes):
             try:
                 text = text.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise InvalidTextError(f"input is not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
-        ids = [BOS] if add_bos else []
-        for piece in pieces(text):
-            ids.extend(self._encode_piece(piece))
-        return ids
+        try:
+            return self.tok.encode(text, add_special_tokens=add_bos).ids
+        except (TypeError, ValueError, UnicodeError) as exc:   # a lone surrogate cannot cross into Rust
+            raise InvalidTextError(f"input is not valid Unicode text ({exc})") from None
 
-    def token_bytes(self, token_id: int) -> bytes:
-        if not 0 <= token_id < self.vocab_size:
-            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
-        if token_id < NUM_SPECIAL:
-            return b""
-        if token_id < BYTE_BASE + NUM_BYTES:
-            return bytes([token_id - BYTE_BASE])
-        token = self.tokens[token_id]
-        return b"" if token.startswith("<reserved") else token.encode("utf-8")
+    def encode_off_thread(self, text: str, add_bos: bool = True) -> list[int]:
+        """encode, through the library's batch call, which releases the GIL while it works (for a worker thread:
+        the event loop's thread keeps running meanwhile)."""
+        try:
+            return self.tok.encode_batch([text], add_special_tokens=add_bos)[0].ids
+        except (TypeError, ValueError, UnicodeError) as exc:
+            raise InvalidTextError(f"input is not valid Unicode text ({exc})") from None
 
     def decode(self, ids: list[int]) -> str:
-        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+        """The text of `ids` without special tokens. In Llama's scheme, byte by byte (as SentencePiece decodes:
+        the pieces' bytes joined, then UTF-8 with U+FFFD for what never forms a character), which streaming
+        reproduces exactly; the library's decoder instead replaces a whole run of byte tokens when any of it is
+        invalid, so a prefix of the tokens could decode to text that is not a prefix of the whole."""
+        for i in ids:
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"token id {i} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if self.piece_bytes is None:
+            return self.tok.decode(ids, skip_special_tokens=True)
+        text = b"".join(self.piece_bytes[i] for i in ids).decode("utf-8", "replace")
+        return text[1:] if text.startswith(" ") else text
+
+    def decode_stream(self) -> "ByteTokenStream | WindowTokenStream":
+        """An incremental decoder: step(token) gives the token's new text ("" while a character's bytes are
+        incomplete), flush() what is left at the end."""
+        return ByteTokenStream(self) if self.piece_bytes is not None else WindowTokenStream(self)
+
+    def token_text(self, token_id: int) -> str | None:
+        return self.tok.id_to_token(token_id)
+
+
+class ByteTokenStream:
+    """Incremental decoding for tokenizers in Llama's scheme, exact: each token's bytes go through Python's
+    incremental UTF-8 decoder, so the streamed pieces always concatenate to `decode` of all the tokens (a
+    character split across byte tokens appears once its last byte arrives; bytes that never form one become
+    U+FFFD, as in the whole decode). O(1) per token."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.table = tokenizer.piece_bytes
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.started = False
+
+    def step(self, token_id: int) -> str:
+        if not 0 <= token_id < len(self.table):
+            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{len(self.table) - 1})")
+        return self._lead(self.decoder.decode(self.table[token_id]))
+
+    def flush(self) -> str:
+        return self._lead(self.decoder.decode(b"", final=True))
+
+    def _lead(self, text: str) -> str:
+        """SentencePiece's dummy prefix: one leading space of the whole text is dropped (the decoder's Strip)."""
+        if text and not self.started:
+            self.started = True
+            return text[1:] if text.startswith(" ") else text
+        return text
+
+
+class WindowTokenStream:
+    """Incremental decoding for any other tokenizer (byte-level BPE and the like) over a sliding window, the
+    prefix-offset scheme of vLLM and TGI: the tokens since the last emitted piece are decoded with the piece
+    before them as context, and the difference is the new text; a window ending in U+FFFD (a character whose
+    bytes have not all arrived) waits. (tokenizers' own DecodeStream does the same but raises on byte runs
+    that never form a character, which a sampled model emits.)"""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix_offset = 0      # the window's first token (context, already emitted)
+        self.read_offset = 0        # the first token not yet emitted
+
+    def step(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if len(text) <= len(prefix) or text.endswith(REPLACEMENT):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(prefix):]
+
+    def flush(self) -> str:
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return text[len(prefix):] if text.startswith(prefix) else ""
+
+
+def _piece_bytes(tok: HfTokenizer) -> list[bytes] | None:
+    """Each token's bytes, for a tokenizer whose decoder is Llama's (Replace "▁" by " ", ByteFallback, Fuse, Strip
+    one leading space) or a Metaspace one with byte fallback; special tokens give b"". None for any other decoder."""
+    decoder = json.loads(tok.to_str()).get("decoder") or {}
+    parts = decoder.get("decoders", [decoder])
+    kinds = [d.get("type") for d in parts]
+    spaced = any(d.get("type") == "Replace" and d.get("pattern", {}).get("String") == SPACE and d.get("content") == " "
+                 for d in parts) or "Metaspace" in kinds
+    if "ByteFallback" not in kinds or not spaced or not set(kinds) <= {"Replace", "ByteFallback", "Fuse", "Strip",
+                                                                          "Metaspace"}:
+        return None
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    table = []
+    for i in range(tok.get_vocab_size(with_added_tokens=True)):
+        piece = tok.id_to_token(i) or ""
+        if piece in special:
+            table.append(b"")
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            table.append(bytes([int(piece[3:5], 16)]))
+        else:
+            table.append(piece.replace(SPACE, " ").encode("utf-8"))
+    return table
+
+
+def _token_id(tok: HfTokenizer, token) -> int | None:
+    if isinstance(token, dict):   # transformers' AddedToken form
+        token = token.get("content")
+    return tok.token_to_id(token) if isinstance(token, str) else None

@@ -178,7 +178,8 @@ def fleet_down(name: str, timeout_s: float = DOWN_TIMEOUT_S) -> tuple[FleetRecor
             notes.append(f"{inst.name}: pid {inst.server.pid} is no longer its tritonserver; nothing signalled")
         elif inst.server.is_alive():
             _signal(inst.server.pid, signal.SIGTERM)
-    notes += _stop_gateway(fleet.gateway, timeout_s)
+    from trtpd.fleet.gateway_process import stop_gateway
+    stop_gateway(fleet, timeout_s)   # with the controller, if supervisord runs one
     problems = []
     for inst in fleet.instances:
         stop_server(inst.server, timeout_s)
@@ -197,17 +198,6 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _stop_gateway(gateway: dict | None, timeout_s: float) -> list[str]:
-    if not gateway or not gateway.get("pid"):
-        return []
-    if not gateway.get("start_time"):
-        return [f"gateway pid {gateway['pid']}: no start time recorded, so it cannot be told from a reused pid; "
-                f"not signalled"]
-    from trtpd.fleet.gateway_process import stop_gateway
-    stop_gateway(gateway, timeout_s)
-    return []
 
 
 def _reap(pid: int) -> None:

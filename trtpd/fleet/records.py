@@ -71,7 +71,8 @@ class FleetRecord:
     key_file: str                   # the fleet's KV / orchestrator key (0600), shared by every instance
     tokenizer_dir: str              # the checkpoint folder holding the tokenizer
     instances: list[InstanceRecord] = field(default_factory=list)
-    gateway: dict | None = None     # {"pid", "start_time", "host", "port"} (written by the gateway)
+    gateway: dict | None = None     # {"host", "port", "pid", "start_time", "log", "state_file", "api_key_file"}
+    supervisor: dict | None = None  # supervisord running the gateway (and controller): {"pid", "start_time", ...}
     started_at: float = field(default_factory=time.time)
     # the controller's word to the gateway, read again whenever this file changes:
     traffic: dict | None = None     # TrafficSplit fields (canary revision, share, changed roles); None: no canary
@@ -95,14 +96,15 @@ class FleetRecord:
     def to_dict(self) -> dict:
         return {"name": self.name, "mode": self.mode, "build_root": self.build_root, "key_file": self.key_file,
                 "tokenizer_dir": self.tokenizer_dir, "instances": [i.to_dict() for i in self.instances],
-                "gateway": self.gateway, "started_at": self.started_at, "traffic": self.traffic,
+                "gateway": {k: v for k, v in (self.gateway or {}).items() if k != "new_api_key"} or None,
+                "supervisor": self.supervisor, "started_at": self.started_at, "traffic": self.traffic,
                 "routing": self.routing}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FleetRecord":
         return cls(d["name"], d["mode"], d["build_root"], d["key_file"], d["tokenizer_dir"],
-                   [InstanceRecord.from_dict(i) for i in d["instances"]], d.get("gateway"), d["started_at"],
-                   d.get("traffic"), d.get("routing"))
+                   [InstanceRecord.from_dict(i) for i in d["instances"]], d.get("gateway"), d.get("supervisor"),
+                   d["started_at"], d.get("traffic"), d.get("routing"))
 
     def save(self) -> None:
         """Atomically, 0600 (the folder is the owner's only, like a deployment's)."""

@@ -58,7 +58,17 @@ def fleet_view(fleet: FleetRecord) -> dict:
     states = {i["state"] for i in instances}
     state = "ready" if states == {"ready"} else next((s for s in ("failed", "exited", "starting") if s in states),
                                                       "empty")
+    from trtpd.fleet.gateway_process import running_gateway
+    from trtpd.process_identity import is_running
+
+    gateway = dict(fleet.gateway or {})
+    if gateway:
+        now = running_gateway(gateway)   # supervisord may have restarted it under a new pid
+        gateway.update({"pid": now["pid"], "start_time": now["start_time"], "running": True} if now else
+                       {"running": False})
+    sup = fleet.supervisor
+    supervisor = {**sup, "running": is_running(int(sup["pid"]), sup.get("start_time"))} if sup else None
     return {"name": fleet.name, "kind": "fleet", "mode": fleet.mode, "state": state,
-            "instances": instances, "gateway": fleet.gateway,
+            "instances": instances, "gateway": gateway or None, "supervisor": supervisor,
             "shared_cores": shares_cores([i.cpus for i in fleet.instances]),
             "up_s": round(time.time() - fleet.started_at)}

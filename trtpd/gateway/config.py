@@ -15,6 +15,7 @@ class InstanceTarget:
     grpc_url: str
     metrics_url: str
     revision: int = 0
+    kv_endpoint: str = ""            # prefill: the KV exporter's host:port (give-ups by request id go there)
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,11 @@ class GatewayConfig:
     eos_id: int = 2
     host: str = "127.0.0.1"
     port: int = 0
-    api_keys: frozenset[str] = field(default_factory=frozenset)   # empty: no key required
+    api_keys: frozenset[str] = field(default_factory=frozenset)   # empty: no key required (--no-auth)
     max_inflight: int = 64           # requests served at once (the rest queue)
     max_queued: int = 256            # beyond this a request gets 429
     max_body_bytes: int = 1 << 20    # larger request bodies get 413
+    max_buffered_chunks: int = 256   # a stream's chunks waiting for a client that does not read: beyond, cancelled
     default_max_tokens: int = 16     # OpenAI's default for completions; chat uses the room left, capped
     chat_max_tokens_cap: int = 256
     slo_ttft_s: float = 1.0          # live goodput: requests meeting both
@@ -59,7 +61,7 @@ def from_fleet_file(path: Path, **overrides) -> GatewayConfig:
         raise TrtpdError(f"{path}: cannot read the fleet record ({exc}); is the fleet running?") from None
     roles = [i for i in fleet["instances"] if i["role"] in ("prefill", "decode", "colocated")]   # not the entry
     instances = tuple(InstanceTarget(i["name"], i["role"], i["model"], i["grpc_url"], i["metrics_url"],
-                                     int(i.get("revision", 0))) for i in roles)
+                                     int(i.get("revision", 0)), i.get("kv_advertise") or "") for i in roles)
     serving = [i for i in roles if i["role"] in ("decode", "colocated")] or roles
     name, eos = checkpoint_facts(Path(fleet["tokenizer_dir"]))
     overrides.setdefault("fleet_file", Path(path))

@@ -1,23 +1,24 @@
 """Incremental detokenization for streaming: each chunk is the new *stable* text.
 
-A character split across byte-fallback tokens decodes to U+FFFD until its last byte arrives, so the
-tail after the last complete character is held back; so is a tail that could still grow into a stop
-string (OpenAI semantics: the stop string ends the text and is not part of it). At the end the rest
-is flushed, so the streamed chunks always concatenate to the full completion's text.
+Text comes from the tokenizer's incremental decoder (`Tokenizer.decode_stream`), so a SentencePiece piece
+keeps its leading space ("▁the" after "Hello" streams " the", where decoding it alone gives "the"), and a
+character split across byte-fallback tokens is held until its last byte arrives. A tail
+that could still grow into a stop string is held back too (OpenAI semantics: the stop string ends the text
+and is not part of it). At the end the rest is flushed (bytes that never formed a character as U+FFFD, as
+the whole decode shows them), so the streamed chunks always concatenate to the full completion's text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-REPLACEMENT = "\ufffd"
-
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
+        self.stream = tokenizer.decode_stream()
         self.stop = [s for s in stop if s]
-        self.token_ids: list[int] = []
+        self.decoded = ""            # text decoded so far (stable characters only)
         self.emitted = ""            # text sent so far
         self.stopped = False         # a stop string was reached: the text ends before it
 
@@ -25,32 +26,29 @@ class IncrementalDetokenizer:
         """The text that became stable with these tokens ("" when it is held back)."""
         if self.stopped:
             return ""
-        self.token_ids.extend(token_ids)
-        text = self.tokenizer.decode(self.token_ids)
-        cut = self._stop_at(text)
-        if cut is not None:
-            self.stopped = True
-            return self._emit(text[:cut])
-        stable = text.rstrip(REPLACEMENT)
-        return self._emit(stable[:len(stable) - self._stop_prefix_len(stable)])
+        self.decoded += "".join(self.stream.step(t) for t in token_ids)
+        return self._release(self.decoded, final=False)
 
     def finish(self) -> str:
         """Whatever is still held back, at the end of the completion."""
         if self.stopped:
             return ""
-        text = self.tokenizer.decode(self.token_ids)
-        cut = self._stop_at(text)
-        if cut is not None:
-            self.stopped = True
-            text = text[:cut]
-        return self._emit(text)
+        self.decoded += self.stream.flush()   # bytes of a character that never completed: U+FFFD, as decode gives
+        return self._release(self.decoded, final=True)
 
     @property
     def text(self) -> str:
         return self.emitted
 
+    def _release(self, text: str, final: bool) -> str:
+        cut = self._stop_at(text)
+        if cut is not None:
+            self.stopped = True
+            return self._emit(text[:cut])
+        return self._emit(text if final else text[:len(text) - self._stop_prefix_len(text)])
+
     def _emit(self, upto: str) -> str:
-        if not upto.startswith(self.emitted) or len(upto) <= len(self.emitted):
+        if len(upto) <= len(self.emitted):
             return ""
         new = upto[len(self.emitted):]
         self.emitted = upto

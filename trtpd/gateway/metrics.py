@@ -5,8 +5,10 @@ Names (configs/grafana and configs/prometheus build on them):
   trtpd_gateway_e2e_seconds, trtpd_gateway_worst_stall_seconds            histograms
   trtpd_gateway_ttft_breakdown_seconds{phase=prefill_queue|prefill_compute|kv_transfer|decode_queue}
   trtpd_gateway_kv_transfer_bytes_total, trtpd_gateway_kv_transfer_seconds
-  trtpd_gateway_requests_total{endpoint, status}                             status: HTTP status code
+  trtpd_gateway_requests_total{endpoint, status}                             status: HTTP status code (499: the
+                                                                             client left or stopped reading)
   trtpd_gateway_requests_slo_met_total, trtpd_gateway_requests_finished_total  live goodput = met / finished
+  trtpd_gateway_slow_clients_total                                           streams cancelled: client not reading
   trtpd_gateway_inflight_requests, trtpd_gateway_queued_requests             gauges
   trtpd_instance_waiting{instance, role}, trtpd_instance_active{instance, role},
   trtpd_instance_kv_blocks{instance, role, kind=used|free}, trtpd_instance_up{instance, role}
@@ -45,6 +47,8 @@ class GatewayMetrics:
         self.slo_met = Counter("trtpd_gateway_requests_slo_met", "Finished requests that met both TTFT and TPOT SLOs",
                                registry=r)
         self.finished = Counter("trtpd_gateway_requests_finished", "Requests that finished generating", registry=r)
+        self.slow_clients = Counter("trtpd_gateway_slow_clients", "Streams cancelled because the client stopped "
+                                    "reading while its buffer filled", registry=r)
         self.inflight = Gauge("trtpd_gateway_inflight_requests", "Requests being served", registry=r)
         self.queued = Gauge("trtpd_gateway_queued_requests", "Requests waiting for a slot", registry=r)
         self.waiting = Gauge("trtpd_instance_waiting", "Requests waiting at an instance", ["instance", "role"],

@@ -40,12 +40,13 @@ class Generated:
 class FleetOrchestrator:
     def __init__(self, mode: str, router: Router, clients: dict[str, RoleClient],
                  clock: Callable[[], float] = time.monotonic, wait_for_instance_s: float = 0.0,
-                 give_up: Callable[[bytes], None] | None = None) -> None:
+                 give_up: Callable[[str, str, bytes | None], None] | None = None) -> None:
         """wait_for_instance_s: a request that finds no instance of a role it needs (all busy elsewhere, dead and
         being replaced by the controller, draining) waits this long for one before it fails (503).
-        give_up(handle): told (it must not block) of a prefill's handle that no decode will pull: the request
-        ended or moved on first (the client went away, no decode could take it, it is prefilled again), so that
-        prefill frees those blocks now rather than at the export's deadline."""
+        give_up(instance, sub_request_id, handle or None): told (it must not block) of a prefill export that no
+        decode will pull: the request ended or moved on first (the client went away, no decode could take it, it
+        is prefilled again), so that prefill frees those blocks now rather than at the export's deadline; without
+        a handle (the client left while prefill's answer was on its way) by the sub-request's id."""
         self.mode = mode
         self.give_up = give_up
         self.wait_for_instance_s = wait_for_instance_s
@@ -80,10 +81,10 @@ class FleetOrchestrator:
             if prefill is None:
                 raise GatewayError("no prefill instance is ready; retry later", "unavailable")
             held = _Holds(self.holds, prefill.instance)
-            handle, streamed = None, False
+            exported, streamed, sub_id = _Export(), False, f"{request_id}-p{attempt}"
             try:
                 try:
-                    handle, perf = await self._prefill(prefill.instance, f"{request_id}-p{attempt}", ids, sampling)
+                    handle, perf = await self._prefill(prefill.instance, sub_id, ids, sampling, exported)
                 except RoleError as exc:
                     held.drop(prefill.instance)
                     failed, attempt = self._decide(request_id, "prefill", exc, attempt, failed)
@@ -123,15 +124,24 @@ class FleetOrchestrator:
                                                    culprit=prefill.instance if stage == "kv_pull" else exc.instance)
             finally:
                 held.clear()
-                if handle is not None and not streamed and self.give_up is not None:
-                    self.give_up(handle)      # (decode streams only once it has pulled the KV)
+                # decode streams only once it has pulled the KV: before that, what prefill exported is given up,
+                # by its handle, or, when this request was cancelled while prefill's answer was on its way (so
+                # the handle never arrived), by the sub-request's id
+                if not streamed and self.give_up is not None and (exported.handle is not None or exported.waiting):
+                    self.give_up(prefill.instance, sub_id, exported.handle)
 
-    async def _prefill(self, instance: str, sub_id: str, ids: list[int],
-                       sampling: SamplingInputs) -> tuple[bytes, dict[str, float]]:
+    async def _prefill(self, instance: str, sub_id: str, ids: list[int], sampling: SamplingInputs,
+                       exported: "_Export") -> tuple[bytes, dict[str, float]]:
         handle, perf = None, {}
-        async for chunk in self.clients[instance].stream(sub_id, "context_only", ids, sampling):
-            handle = chunk.handle or handle
-            perf.update(chunk.perf)
+        exported.waiting = True
+        try:
+            async for chunk in self.clients[instance].stream(sub_id, "context_only", ids, sampling):
+                handle = exported.handle = chunk.handle or handle
+                perf.update(chunk.perf)
+        except RoleError:
+            exported.waiting = False    # prefill answered with an error: nothing was exported
+            raise
+        exported.waiting = False
         if handle is None:
             raise RoleError(f"prefill instance {instance} returned no context_phase_params", "internal", instance)
         return handle, perf
@@ -192,6 +202,14 @@ class FleetOrchestrator:
                 failed, attempt = self._decide(request_id, "decode", exc, attempt, failed)
             finally:
                 held.clear()
+
+
+class _Export:
+    """Where a prefill's handle lands the moment it arrives (the request may be cancelled before _prefill returns),
+    and whether prefill's answer was still awaited."""
+
+    handle: bytes | None = None
+    waiting: bool = False
 
 
 class _Holds:

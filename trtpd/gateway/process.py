@@ -3,32 +3,45 @@ process of `trtpd up` is host-side fleet control: trtpd/fleet/gateway_process.py
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import replace
 from pathlib import Path
 
-from trtpd.errors import TrtpdError
-
-
-def _api_keys(path: str | None) -> frozenset[str]:
-    if not path:
-        return frozenset()
-    keys = frozenset(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
-    if not keys:
-        raise TrtpdError(f"{path}: no API key in it (one per line)")
-    return keys
+from trtpd.errors import ConfigError
 
 
 def serve(args) -> None:
     import uvicorn
 
+    from trtpd import log_limits
+    from trtpd.gateway.api_keys import check_no_auth, read_api_keys
     from trtpd.gateway.app import create_app
     from trtpd.gateway.config import from_fleet_file
+    from trtpd.gateway.connections import (ACCEPT_BACKLOG, ConnectionLimits, connection_bound, guarded_protocol,
+                                          raise_open_file_limit)
 
-    config = from_fleet_file(args.fleet_file, host=args.host, api_keys=_api_keys(args.api_key_file),
-                        max_inflight=args.max_inflight, max_queued=args.max_queued, slo_ttft_s=args.slo_ttft_s,
-                        slo_tpot_s=args.slo_tpot_s, wait_for_instance_s=args.wait_for_instance_s)
+    log_limits.configure()
+    if args.no_auth:
+        check_no_auth(args.host)
+        keys = frozenset()
+    elif args.api_key_file:
+        keys = read_api_keys(args.api_key_file)
+    else:
+        raise ConfigError("the gateway needs an API key: pass --api-key-file FILE (one key per line, mode 0600; "
+                          "`trtpd up` makes one) or --no-auth (loopback addresses only)")
+    try:
+        max_connections = connection_bound(args.max_connections, raise_open_file_limit())
+    except ValueError as exc:
+        raise ConfigError(f"--max-connections: {exc}") from None
+    limits = ConnectionLimits(max_connections=max_connections, keep_alive_timeout_s=args.keep_alive_timeout_s,
+                              request_read_timeout_s=args.request_read_timeout_s, send_timeout_s=args.send_timeout_s,
+                              stream_buffer_bytes=args.stream_buffer_bytes)
+    config = from_fleet_file(args.fleet_file, host=args.host, api_keys=keys,
+                             max_inflight=args.max_inflight, max_queued=args.max_queued, slo_ttft_s=args.slo_ttft_s,
+                             slo_tpot_s=args.slo_tpot_s, wait_for_instance_s=args.wait_for_instance_s,
+                             max_body_bytes=args.max_body_bytes, max_buffered_chunks=args.max_buffered_chunks)
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only for sockets that say so,
     # and without it a keep-alive client waits ~40 ms per response (Nagle against delayed ACKs)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -36,9 +49,22 @@ def serve(args) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((args.host, args.port))
     config = replace(config, port=sock.getsockname()[1])
-    if args.port_file:
-        tmp = Path(args.port_file).with_suffix(".tmp")
-        tmp.write_text(str(config.port))
-        os.replace(tmp, args.port_file)
-    server = uvicorn.Server(uvicorn.Config(create_app(config), log_level="warning", timeout_graceful_shutdown=3))
+    if args.state_file:
+        write_state_file(args.state_file, args.host, config.port)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(config), log_level="warning", timeout_graceful_shutdown=3, http=guarded_protocol(limits),
+        timeout_keep_alive=int(max(1, limits.keep_alive_timeout_s)), backlog=ACCEPT_BACKLOG,
+        log_config=None))
     server.run(sockets=[sock])
+
+
+def write_state_file(path: "str | os.PathLike", host: str, port: int) -> None:
+    """The gateway's own record of itself (pid, start time, address), written atomically once its port is bound;
+    its supervisor may restart it under a new pid (trtpd/fleet/gateway_process.py reads it)."""
+    from trtpd.process_identity import start_time
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "start_time": start_time(os.getpid()), "host": host,
+                               "port": port}))
+    os.replace(tmp, path)

@@ -10,6 +10,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
+from trtpd.gateway.admission import Admission
 from trtpd.gateway.config import GatewayConfig
 from trtpd.gateway.loads import probe
 from trtpd.gateway.metrics import PHASES, GatewayMetrics
@@ -24,35 +25,6 @@ MAX_SAMPLES = 20000     # recent finished requests kept for the controller's rol
 log = logging.getLogger(__name__)
 
 
-class Ticket:
-    """A request's place in the gateway: queued, then in flight; released exactly once."""
-
-    def __init__(self, service: "FleetService") -> None:
-        self.service = service
-        self.state = "queued"
-
-    async def enter(self) -> None:
-        await self.service._slots.acquire()
-        self.service.num_queued -= 1
-        self.state = "inflight"
-        self.service.metrics.queued.set(self.service.num_queued)
-        self.service.metrics.inflight.inc()
-
-    def release(self) -> None:
-        svc = self.service
-        if self.state == "queued":
-            svc.num_queued -= 1
-            svc.metrics.queued.set(svc.num_queued)
-        elif self.state == "inflight":
-            svc._slots.release()
-            svc.metrics.inflight.dec()
-        self.state = "released"
-
-    def __del__(self) -> None:   # a streaming response that was never iterated (the client left at once)
-        if self.state != "released":
-            self.release()
-
-
 class FleetService:
     def __init__(self, config: GatewayConfig, policy: RoutingPolicy | None = None) -> None:
         from trtpd.kv.handle import load_or_create_key_file
@@ -65,8 +37,7 @@ class FleetService:
         self.router = Router(policy or RoutingPolicy(tie_break="least_recent"))
         self.clients: dict[str, RoleClient] = {}
         self.orchestrator: FleetOrchestrator | None = None
-        self.num_queued = 0
-        self._slots: asyncio.Semaphore | None = None
+        self.admission = Admission(config.max_inflight, config.max_queued, on_change=self._admission_changed)
         self._poller: asyncio.Task | None = None
         self.views: list[InstanceView] = []
         self.draining: set[str] = set()          # the router keeps these draining (fleet.json or PUT /admin)
@@ -78,7 +49,6 @@ class FleetService:
 
     async def start(self) -> None:
         cfg = self.config
-        self._slots = asyncio.Semaphore(cfg.max_inflight)
         self.clients = {i.name: RoleClient(i.name, i.grpc_url, i.model, self.key) for i in cfg.instances}
         self.orchestrator = FleetOrchestrator(cfg.mode, self.router, self.clients,
                                               wait_for_instance_s=cfg.wait_for_instance_s, give_up=self.give_up_kv)
@@ -86,15 +56,20 @@ class FleetService:
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
-    def give_up_kv(self, handle: bytes) -> None:
-        """The orchestrator's give_up: on a worker thread, tells the prefill exporter that no decode will pull
-        this handle, so it frees the blocks now (best effort: the export's deadline frees them otherwise)."""
-        asyncio.get_running_loop().run_in_executor(None, self._give_up_now, handle)
+    def give_up_kv(self, instance: str, request_id: str, handle: bytes | None) -> None:
+        """The orchestrator's give_up: on a worker thread, tells the prefill exporter that no decode will pull this
+        export (by its handle, or by the sub-request's id when the handle never arrived), so it frees the blocks
+        now (best effort: the export's deadline frees them otherwise)."""
+        endpoint = next((i.kv_endpoint for i in self.config.instances if i.name == instance), "")
+        asyncio.get_running_loop().run_in_executor(None, self._give_up_now, endpoint, request_id, handle)
 
-    def _give_up_now(self, handle: bytes) -> None:
-        from trtpd.kv.importer import give_up_handle
+    def _give_up_now(self, endpoint: str, request_id: str, handle: bytes | None) -> None:
+        from trtpd.kv.importer import give_up_handle, give_up_request
         try:
-            give_up_handle(handle, self.key)
+            if handle is not None:
+                give_up_handle(handle, self.key)
+            elif endpoint:
+                give_up_request(endpoint, request_id, self.key)
         except Exception as exc:   # noqa: BLE001 - an exporter that is gone, a handle that expired
             log.info("could not give up a prefill's KV (%s); it is freed at the export's deadline", exc)
 
@@ -243,21 +218,14 @@ class FleetService:
         all_ready = all(i["state"] in ("ready", "draining") for i in instances)   # draining is planned, not a fault
         status = "ok" if all_ready else "degraded" if all(r in ready for r in needed) else "unavailable"
         return {"status": status, "mode": self.config.mode, "model": self.config.model_name,
-                "inflight": self.config.max_inflight - self._slots._value if self._slots else 0,
-                "queued": self.num_queued, "instances": instances}
+                "inflight": self.admission.num_inflight, "queued": self.admission.num_queued,
+                "peak_inflight": self.admission.peak_inflight, "peak_queued": self.admission.peak_queued,
+                "refused": self.admission.num_refused, "instances": instances}
 
     # ---- admission ---------------------------------------------------------------------------
-    def ticket(self) -> Ticket:
-        """A place in the queue, or ApiError(429) when it is full."""
-        from trtpd.gateway.app import ApiError
-
-        busy = self._slots is not None and self._slots.locked()
-        if busy and self.num_queued >= self.config.max_queued:
-            raise ApiError(f"overloaded: {self.config.max_inflight} requests in flight and {self.num_queued} "
-                           f"queued (limit {self.config.max_queued}); retry later", "overloaded")
-        self.num_queued += 1
-        self.metrics.queued.set(self.num_queued)
-        return Ticket(self)
+    def _admission_changed(self, admission: Admission) -> None:
+        self.metrics.inflight.set(admission.num_inflight)
+        self.metrics.queued.set(admission.num_queued)
 
     # ---- per-request metrics -----------------------------------------------------------------
     def sample(self, timing: RequestTiming, revision: int, error_kind: str | None, instances: tuple[str, str],

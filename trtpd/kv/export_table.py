@@ -20,6 +20,8 @@ from typing import Callable
 from trtpd.kv.frame import ErrorCode
 
 NUM_RECENT_RELEASED = 4096   # remembered so that a late pull learns why its export is gone
+NUM_ABANDONED = 4096         # requests given up before they were exported, remembered ...
+ABANDONED_FOR_S = 120.0      # ... this long, so that a prefill scheduled after the give-up exports nothing
 
 
 PEER_POLL_S = 0.2            # how often a session waiting on prefill checks that its puller is still there
@@ -28,6 +30,10 @@ PeerCheck = Callable[[], str | None]   # says why the pulling side is gone, or N
 
 class PeerGone(ConnectionError):
     """The pulling side hung up while its session waited for layers or the first token: a broken pull."""
+
+
+class ExportAbandoned(ValueError):
+    """The request was given up (its client is gone) before its prefill was scheduled: nothing is exported."""
 
 
 class Abort(Exception):
@@ -63,6 +69,7 @@ class ExportCounters:
     num_broken_pulls: int = 0         # pulls that ended without an ACK (connection lost, protocol error)
     num_refused: int = 0              # pulls refused: bad handle, unknown request, busy
     num_given_up: int = 0             # released because the decode side said it will never pull them
+    num_abandoned: int = 0            # never exported: given up (by request) before prefill was scheduled
 
 
 @dataclass
@@ -74,6 +81,7 @@ class ExportTable:
     exports: dict[str, Export] = field(default_factory=dict)
     released_ids: list[str] = field(default_factory=list)
     recent_released: OrderedDict = field(default_factory=OrderedDict)
+    abandoned: OrderedDict = field(default_factory=OrderedDict)   # request id given up -> until (clock)
     counters: ExportCounters = field(default_factory=ExportCounters)
     is_closed: bool = False
 
@@ -85,6 +93,9 @@ class ExportTable:
             if request_id in self.exports:
                 raise ValueError(f"request {request_id!r} is already exported and not yet released; request ids "
                                  f"must be unique per export")
+            if self._is_abandoned(request_id):
+                self.counters.num_abandoned += 1
+                raise ExportAbandoned(f"request {request_id!r} was given up before its prefill was scheduled")
             export = Export(request_id, list(block_ids), num_tokens, timeout_s, self.clock() + timeout_s,
                             registered_at_s)
             self.exports[request_id] = export
@@ -193,6 +204,37 @@ class ExportTable:
         if released:
             self._released()
         return "released"
+
+    def give_up_request(self, request_id: str, why: str) -> str:
+        """The orchestrator's request `request_id` ended (its client left) and it may not have the handle (it was
+        in flight): every export of that request (its id, or the id with the serving layer's "-suffix") that no
+        pull holds is released now, and a prefill of it scheduled later exports nothing. Returns "released",
+        "pulling" (a session releases it) or "noted"."""
+        with self.cond:
+            now = self.clock()
+            self.abandoned[request_id] = now + ABANDONED_FOR_S
+            self.abandoned.move_to_end(request_id)
+            while self.abandoned and (len(self.abandoned) > NUM_ABANDONED or next(iter(self.abandoned.values())) < now):
+                self.abandoned.popitem(last=False)
+            ours = [e for rid, e in self.exports.items() if rid == request_id or rid.startswith(request_id + "-")]
+            status = "noted"
+            released = 0
+            for export in ours:
+                if export.is_acked:
+                    continue
+                if export.is_attached:
+                    status = "pulling"
+                    continue
+                self.counters.num_given_up += 1
+                released += self._abort_locked(export, Abort(ErrorCode.NOT_FOUND, f"given up: {why}"))
+                status = "released"
+        if released:
+            self._released()
+        return status
+
+    def _is_abandoned(self, request_id: str) -> bool:
+        until = self.abandoned.get(request_id) or self.abandoned.get(request_id.rpartition("-")[0])
+        return until is not None and until >= self.clock()
 
     def count_refused(self) -> None:
         with self.cond:

@@ -23,7 +23,7 @@ from trtpd.kv.endpoint import TRANSPORTS, KvEndpoint
 from trtpd.kv.errors import (KvExportNotFoundError, KvHandleExpiredError, KvHandleForgedError, KvHandleError,
                              KvProtocolError)
 from trtpd.kv.export_table import Abort, Export, ExportCounters, ExportTable
-from trtpd.kv.frame import ErrorCode, Kind
+from trtpd.kv.frame import GIVE_UP_REQUEST, ErrorCode, Kind
 from trtpd.kv.handle import HANDLE_VERSION, MAX_HANDLE_BYTES, ContextPhaseParams, check_key, decode, encode
 from trtpd.kv.pool import SHM_DIR, KvPool
 from trtpd.kv.shm_source import ShmPoolIdentity
@@ -260,8 +260,12 @@ class KvExporter:
             blob = auth.unpack_release(self._key, nonce, payload)
         except auth.KvPeerAuthError as e:
             raise Abort(ErrorCode.UNAUTHENTICATED, f"{self.endpoint} refused the release: {e}") from None
-        params = self._verify(blob)
-        status = self._table.give_up(params.request_id, params.issued_at_s, "its request ended before the pull")
+        if blob.startswith(GIVE_UP_REQUEST):   # by request id: the orchestrator never got (or lost) the handle
+            request_id = blob[len(GIVE_UP_REQUEST):].decode("utf-8", "replace")
+            status = self._table.give_up_request(request_id, "its client left before the first token")
+        else:
+            params = self._verify(blob)
+            status = self._table.give_up(params.request_id, params.issued_at_s, "its request ended before the pull")
         frame.send_frame(sock, Kind.CONFIRM, status.encode())
 
     def _verify(self, blob: bytes) -> ContextPhaseParams:

@@ -29,6 +29,9 @@ up on a connection of its own, so prefill frees the blocks now instead of at the
     importer -> exporter  RELEASE   payload: as PULL's, with a proof of its own (auth.pack_release)
     exporter -> importer  CONFIRM   payload: what became of the export, b"released", b"pulling" (a pull is
                                     attached: it releases the export itself) or b"gone"
+An orchestrator whose client left while prefill's answer (the handle) was on its way gives the request up by
+its id: the RELEASE's "handle" is GIVE_UP_REQUEST + the request id (still under the key's proof); the exporter
+releases that request's exports and exports nothing for it later (CONFIRM b"released", b"pulling", b"noted").
 
 So a tcp pull moves layout.bytes_for(num_tokens) + 16 x (num_layers + 4) + 32 + 32 + 8 bytes from exporter
 to importer, and 16 + 64 + len(handle) + 16 bytes back. A shm pull sends the same headers and proofs plus
@@ -38,6 +41,8 @@ to importer, and 16 + 64 + len(handle) + 16 bytes back. A shm pull sends the sam
 from __future__ import annotations
 
 import enum
+
+GIVE_UP_REQUEST = b"TRTPD-GIVE-UP-REQUEST\x00"   # a RELEASE by request id instead of by handle
 import select
 import socket
 import struct

@@ -318,3 +318,26 @@ class _GiveUp(_Pull):
         frame.send_frame(sock, Kind.RELEASE, auth.pack_release(key, nonce, encode(self.params, key)))
         _, status = self._expect(sock, Kind.CONFIRM, "the exporter to confirm the release")
         return status.decode(errors="replace")
+
+
+def give_up_request(endpoint: str, request_id: str, key: bytes, timeout_s: float = GIVE_UP_TIMEOUT_S) -> str:
+    """Gives up request `request_id` on the exporter at `endpoint` ("host:port" or a handle's endpoint) without its
+    handle: for an orchestrator whose client left while prefill's answer was on its way. Returns the exporter's
+    "released", "pulling" or "noted"; raises KvTransferError subclasses when it cannot be told."""
+    return _GiveUpRequest(key, endpoint, request_id, timeout_s).run(None)
+
+
+class _GiveUpRequest(_GiveUp):
+    def __init__(self, key: bytes, endpoint: str, request_id: str, timeout_s: float) -> None:
+        self.endpoint = KvEndpoint.parse(endpoint if "://" in endpoint else f"tcp://{endpoint}")
+        self.request_id = request_id
+        self.where = f"giving up request {request_id!r} on {endpoint}"
+        self.deadline_s = time.monotonic() + timeout_s
+        self._start(key, timeout_s)
+
+    def _converse(self, sock: socket.socket, start_s: float, on_layer: Callable[[int], None] | None) -> str:
+        key, nonce = self.key, self._challenge(sock)
+        blob = frame.GIVE_UP_REQUEST + self.request_id.encode()
+        frame.send_frame(sock, Kind.RELEASE, auth.pack_release(key, nonce, blob))
+        _, status = self._expect(sock, Kind.CONFIRM, "the exporter to confirm the release")
+        return status.decode(errors="replace")

@@ -94,9 +94,12 @@ def scrape_configs(fleet) -> list[dict]:
     jobs = []
     if fleet.gateway and fleet.gateway.get("port"):
         host = fleet.gateway.get("host") or HOST
-        jobs.append({"job_name": GATEWAY_JOB, "metrics_path": "/metrics", "honor_labels": True,
-                     "static_configs": [{"targets": [f"{host}:{int(fleet.gateway['port'])}"],
-                                         "labels": {"instance": "gateway", "fleet": fleet.name}}]})
+        job = {"job_name": GATEWAY_JOB, "metrics_path": "/metrics", "honor_labels": True,
+               "static_configs": [{"targets": [f"{host}:{int(fleet.gateway['port'])}"],
+                                   "labels": {"instance": "gateway", "fleet": fleet.name}}]}
+        if fleet.gateway.get("api_key_file"):   # /metrics needs the API key, as the rest of the API does
+            job["authorization"] = {"type": "Bearer", "credentials_file": str(fleet.gateway["api_key_file"])}
+        jobs.append(job)
     statics = {}
     for inst in fleet.instances:
         target, path = _hostport(inst.metrics_url)
@@ -167,7 +170,7 @@ def start_prometheus(config_file: str | Path, state_dir: str | Path, *, port: in
     """Runs prometheus with this config, its TSDB in state_dir/tsdb, listening on host:port (0: a free port),
     and returns once /-/ready answers 200. Raises TrtpdError (with the log's tail) if it exits or is not
     ready in time; it is stopped then."""
-    from trtpd.serving.stub_watch import start_time
+    from trtpd.process_identity import start_time
     from trtpd.serving.tritonserver import free_port
 
     if host != HOST:
@@ -210,7 +213,7 @@ def start_prometheus(config_file: str | Path, state_dir: str | Path, *, port: in
 
 def stop_prometheus(record: PrometheusProcess, timeout_s: float = 10.0) -> None:
     """SIGTERM, wait, then SIGKILL, by pid, only while the pid is still the process we started."""
-    from trtpd.serving.stub_watch import is_running
+    from trtpd.process_identity import is_running
 
     if not is_running(record.pid, record.start_time):
         _reap(record.pid)

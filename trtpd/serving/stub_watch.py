@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from trtpd.process_identity import is_running, proc_stat, start_time  # noqa: F401 - re-exported
 
 STATE_ENV = "TRTPD_STATE_DIR"
 SHM_ENV = "TRTPD_SHM_PREFIX"
@@ -43,28 +44,7 @@ GRACE_S = 1.0
 log = logging.getLogger(__name__)
 
 
-# ---- /proc ----------------------------------------------------------------------------------
-def proc_stat(pid: int) -> list[str] | None:
-    """Fields 3.. of /proc/<pid>/stat (after the command name), or None when there is no such process."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    return text[text.rindex(")") + 2:].split()
-
-
-def start_time(pid: int) -> int | None:
-    """Field 22 of /proc/<pid>/stat: the process's start time in clock ticks since boot (None: no process)."""
-    fields = proc_stat(pid)
-    return int(fields[19]) if fields else None
-
-
-def is_running(pid: int, started: int | None) -> bool:
-    """The process `pid` that started at `started` still runs (not reused, not a zombie)."""
-    fields = proc_stat(pid)
-    return bool(fields) and fields[0] != "Z" and (started is None or int(fields[19]) == started)
-
-
+# ---- /proc (process identity: trtpd/process_identity.py) --------------------------------------
 def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

@@ -227,12 +227,12 @@ class ServerProcess:
 
     def is_alive(self) -> bool:
         """Our tritonserver still runs: the pid exists, is no zombie and started when ours did."""
-        from trtpd.serving.stub_watch import is_running
+        from trtpd.process_identity import is_running
         return is_running(self.pid, self.start_time or None)
 
     def pid_reused(self) -> bool:
         """The pid now belongs to another process (its start time differs from ours)."""
-        from trtpd.serving.stub_watch import start_time
+        from trtpd.process_identity import start_time
         now = start_time(self.pid)
         return bool(self.start_time) and now is not None and now != self.start_time
 
@@ -310,7 +310,7 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=state_dir, start_new_session=True, umask=0o077,
                                 preexec_fn=_pin(cpus) if cpus else None)
-    from trtpd.serving.stub_watch import start_time
+    from trtpd.process_identity import start_time
     server = ServerProcess(proc.pid, host, ports, str(Path(repo).resolve()), str(log_path), shm_prefix,
                            str(admin_key_file), start_time(proc.pid) or 0)
     server._popen, server._log_offset = proc, log_offset   # its exit status, and where its log begins

@@ -27,8 +27,9 @@ from trtpd.build.spec import BuildOverrides, make_request
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PYTHON_MODELS = ("preprocessing", "postprocessing", "disagg_bls")
 # In both containers' python (backend Dockerfile: torch copied into /opt/venv-tritonserver, numpy with it;
-# transformers comes with tensorrt_llm); triton_python_backend_utils is the python backend's own module.
-CONTAINER_PACKAGES = {"numpy", "torch", "transformers", "triton_python_backend_utils"}
+# transformers comes with tensorrt_llm, and tokenizers with transformers, which requires it (its PyPI metadata:
+# Requires-Dist tokenizers); triton_python_backend_utils is the python backend's own module.
+CONTAINER_PACKAGES = {"numpy", "torch", "transformers", "tokenizers", "triton_python_backend_utils"}
 
 FAKE_PB_UTILS = "TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1\n"
 

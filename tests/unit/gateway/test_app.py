@@ -42,7 +42,6 @@ class ScriptedService(FleetService):
     def __init__(self, config, orchestrator_text="Hello world, hello there", **kw):
         super().__init__(config)
         self.orchestrator = ScriptedOrchestrator(self.tokenizer, orchestrator_text, **kw)
-        self._slots = asyncio.Semaphore(self.config.max_inflight)   # httpx's ASGI transport runs no lifespan
 
     async def start(self):
         pass
@@ -125,11 +124,20 @@ def test_a_stop_string_cuts_the_text_and_ends_the_request(folder, tmp_path):
     ({"model": "tiny-llama", "prompt": "x", "temprature": 0.5}, 400, "temprature", "Extra inputs"),
     ({"model": "tiny-llama", "prompt": "x", "max_tokens": -3}, 400, "max_tokens", "greater than or equal to 1"),
     ({"model": "tiny-llama", "prompt": "x", "max_tokens": "many"}, 400, "max_tokens", "valid integer"),
-    ({"model": "tiny-llama", "prompt": "x", "n": 2}, 400, None, "n=2 is not supported"),
+    ({"model": "tiny-llama", "prompt": "x", "n": 2}, 400, "n", "n=2 is not supported"),
+    ({"model": "tiny-llama", "prompt": "x", "best_of": 0}, 400, "best_of", "best_of=0 is not supported"),
+    ({"model": "tiny-llama", "prompt": "x", "top_p": 1e-50}, 400, "top_p", "rounds to 0 in float32"),
+    (b'{"model": "tiny-llama", "prompt": "a\\ud800b"}', 400, "prompt", "lone surrogate"),
+    ({"model": "tiny-llama", "prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
+    ({"model": "tiny-llama", "prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options",
+     "only allowed with stream=true"),
+    (b'{"model": "tiny-llama", "prompt": "x", "seed": 1' + b"0" * 5000 + b"}", 400, None, "not valid JSON"),
+    (b'{"model": "tiny-llama", "prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, None, "too deeply"),
+    ({"model": "tiny-llama", "prompt": "x" * 5000}, 400, "prompt", "more than 64 tokens"),
     ({"model": "tiny-llama", "prompt": "x", "temperature": 9}, 400, "temperature", "less than or equal to 2"),
     ({"model": "gpt-9", "prompt": "x"}, 404, "model", "does not exist"),
     ({"model": "tiny-llama", "prompt": "word " * 80}, 400, "prompt", "over this model's limit of 64"),
-    ({"model": "tiny-llama", "prompt": "x", "max_tokens": 95}, 400, "max_tokens", "ask for at most 94"),
+    ({"model": "tiny-llama", "prompt": "x", "max_tokens": 95}, 400, "max_tokens", "ask for at most 9"),
 ])
 def test_bad_requests_get_openai_errors_naming_the_field(folder, tmp_path, payload, status, param, fragment):
     svc = ScriptedService(make_config(folder, tmp_path))
@@ -176,7 +184,7 @@ def test_server_faults_are_5xx_and_the_queue_answers_429_when_full(folder, tmp_p
             body = {"model": "tiny-llama", "prompt": "x"}
             first = asyncio.create_task(c.post("/v1/completions", json=body))
             second = asyncio.create_task(c.post("/v1/completions", json=body))
-            while svc.num_queued < 1 or not svc._slots.locked():
+            while svc.admission.num_queued < 1 or svc.admission.num_inflight < 1:
                 await asyncio.sleep(0.01)
             third = await c.post("/v1/completions", json=body)
             hold.set()
@@ -185,7 +193,8 @@ def test_server_faults_are_5xx_and_the_queue_answers_429_when_full(folder, tmp_p
     assert third.status_code == 429 and third.json()["error"]["type"] == "rate_limit_error"
     assert first.status_code == 503 and second.status_code == 503
     assert "no decode instance is ready" in first.json()["error"]["message"]
-    assert svc.num_queued == 0 and not svc._slots.locked()    # every slot came back
+    assert third.headers["retry-after"] == "1" and first.headers["retry-after"] == "1"
+    assert svc.admission.num_queued == 0 and svc.admission.num_inflight == 0    # every slot came back
 
 
 @pytest.mark.parametrize("ignore_eos, want_end_id", [(False, 2), (True, -1)])

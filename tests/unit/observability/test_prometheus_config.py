@@ -13,7 +13,7 @@ import yaml
 from trtpd.errors import TrtpdError
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.observability import prometheus as prom
-from trtpd.serving.stub_watch import is_running
+from trtpd.process_identity import is_running
 from trtpd.serving.tritonserver import ServerPorts, ServerProcess
 
 
