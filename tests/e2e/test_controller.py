@@ -301,7 +301,7 @@ def test_a_killed_controller_and_gateway_are_restarted_audited_and_the_controlle
     os.kill(victim.server.pid, signal.SIGKILL)   # and an instance dies while no controller watches
     died = wait_audit("resume", lambda e: e.action == "controller_died" and e.ts > killed_at, 30,
                       "the controller's death in the audit log")
-    assert died.actor == "supervisord" and died.detail["pid"] == int(first["pid"])
+    assert died.actor == "supervisord" and died.detail["pid"] in (int(first["pid"]), None)   # None: within 1 s
     restarted = wait_audit("resume", lambda e: e.action == "controller_restarted" and e.ts > killed_at, 30,
                            "the controller's restart in the audit log")
     ready = wait_audit("resume", lambda e: e.action == "ready" and e.ts > killed_at, 60, "the replacement")

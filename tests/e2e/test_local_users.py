@@ -266,3 +266,24 @@ def test_colocated_refuses_direct_requests_too(fp16_coloc, tokenizer):
         fp16_coloc.call("colocated", role_inputs(ids), auth=False)
     assert len(fp16_coloc.call("colocated", role_inputs(ids))) >= 1
     assert os.path.exists(fp16_coloc.server.admin_key_file)
+
+
+def test_another_user_cannot_read_the_gateway_key_and_gets_401(trtpd_home, fp16_root):
+    """The OpenAI API needs a key by default; the key file is the owner's only (0600 in a 0700 folder), so another
+    local user gets 401 on the API, /metrics and the API documents; /health (probes) answers."""
+    from trtpd.deploy.spec import ReferenceDeployment
+
+    from .conftest import fleet_with_gateway
+    with fleet_with_gateway("users-gw", ReferenceDeployment(fp16_root), prefill=1, decode=1) as fleet:
+        base = f"http://127.0.0.1:{fleet.gateway['port']}"
+        body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 2}
+        out = as_attacker({"kind": "files", "paths": [fleet.gateway["api_key_file"]], "pids": []})
+        assert out["opened"][fleet.gateway["api_key_file"]] == "PermissionError"
+        out = as_attacker({"kind": "http", "calls": [
+            ["POST", f"{base}/v1/completions", body], ["GET", f"{base}/v1/models"], ["GET", f"{base}/metrics"],
+            ["GET", f"{base}/docs"], ["GET", f"{base}/openapi.json"],
+            ["POST", f"{base}/v1/completions", body, {"Authorization": "Bearer sk-guessed"}],
+            ["GET", f"{base}/health"]]})
+        *refused, (health, _) = out["answers"]
+        assert [status for status, _ in refused] == [401] * 6 and health == 200
+        assert all("API key" in text for _, text in refused[:2])

@@ -159,19 +159,9 @@ def stop_controller(name: str, timeout_s: float = 10.0) -> int | None:
     record = controller_alive(store)
     if record is None:
         return None
-    pid, started = int(record["pid"]), record.get("start_time")
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while is_running(pid, started):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = float("inf")
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.05)
-    return pid
+    from trtpd.fleet.supervisor import stop_process
+    stop_process(int(record["pid"]), record.get("start_time"), timeout_s)
+    return int(record["pid"])
 
 
 def mark_all_stopped(name: str, reason: str) -> None:

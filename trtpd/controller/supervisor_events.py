@@ -1,7 +1,7 @@
 """supervisord's event listener for a deployment with a controller: every death and restart of the gateway or the
 controller (trtpd/fleet/supervisor.py runs them) is recorded in the deployment's audit log (controller.db), as
-`gateway_died`, `gateway_restarted`, `controller_died`, `controller_restarted` (and `*_crashed_at_start`,
-`*_gave_up` when one keeps dying as it starts)."""
+`gateway_died`, `gateway_restarted`, `controller_died`, `controller_restarted` (`from_state: STARTING`: it died
+within a second of being started), and `*_gave_up` when one kept dying as it started."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import json
 import sys
 import time
 
-AUDITED = {"PROCESS_STATE_EXITED": "died", "PROCESS_STATE_RUNNING": "running", "PROCESS_STATE_FATAL": "gave_up",
-           "PROCESS_STATE_BACKOFF": "crashed_at_start"}
+# BACKOFF: it died within startsecs of being started (still a death; supervisord retries with backoff)
+AUDITED = {"PROCESS_STATE_EXITED": "died", "PROCESS_STATE_BACKOFF": "died", "PROCESS_STATE_RUNNING": "running",
+           "PROCESS_STATE_FATAL": "gave_up"}
 
 
 def audit_event(name: str, event: str, payload: dict[str, str]) -> dict | None:
@@ -24,8 +25,7 @@ def audit_event(name: str, event: str, payload: dict[str, str]) -> dict | None:
         return None
     if what == "running" and payload.get("from_state") == "STARTING" and _first_start(name, program):
         return None
-    action = {"died": f"{program}_died", "running": f"{program}_restarted", "gave_up": f"{program}_gave_up",
-              "crashed_at_start": f"{program}_crashed_at_start"}[what]
+    action = {"died": f"{program}_died", "running": f"{program}_restarted", "gave_up": f"{program}_gave_up"}[what]
     return {"action": action, "detail": {"pid": int(payload["pid"]) if payload.get("pid", "").isdigit() else None,
                                           "from_state": payload.get("from_state")}}
 

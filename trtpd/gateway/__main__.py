@@ -30,9 +30,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="open connections; beyond, the longest-idle one is closed, or the new one gets 503 (default: "
                         f"as many as the open-file limit holds, at most {LIMITS.max_connections})")
     p.add_argument("--keep-alive-timeout-s", type=float, default=LIMITS.keep_alive_timeout_s,
-                   help="an idle connection (before its first request or between requests) is closed after this")
+                   help="a connection idle between requests is closed after this")
     p.add_argument("--request-read-timeout-s", type=float, default=LIMITS.request_read_timeout_s,
-                   help="a request's headers and body must arrive within this (408)")
+                   help="a request's headers and body must arrive within this of its first byte, a new connection's "
+                        "first request within this of the connection (408)")
     p.add_argument("--send-timeout-s", type=float, default=LIMITS.send_timeout_s,
                    help="a client that reads nothing of its response for this long is disconnected")
     p.add_argument("--max-buffered-chunks", type=int, default=256,

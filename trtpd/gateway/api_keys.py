@@ -45,6 +45,17 @@ def create_api_key_file(path: "str | os.PathLike") -> str | None:
     return key
 
 
+def derived_api_key(deployment_key: bytes) -> str:
+    """An API key derived from the deployment's KV key (HMAC-SHA256, domain-separated): what the Kubernetes
+    manifests put in the gateway's Secret, the same at every render (a new key would be a new KV key too)."""
+    import base64
+    import hashlib
+    import hmac
+
+    digest = hmac.new(deployment_key, b"trtpd gateway API key", hashlib.sha256).digest()
+    return KEY_PREFIX + base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
 def first_key(path: "str | os.PathLike") -> str:
     """The first key of a key file (what trtpd's own clients send: bench, demo, tests)."""
     return next(line.strip() for line in Path(path).read_text().splitlines() if line.strip())

@@ -12,10 +12,10 @@ nginx does it:
   is closed. The bound sits below the open-file limit with room for an accept burst (`raise_open_file_limit`
   raises the soft limit to the hard one at start; `connection_bound` sizes the bound from it), so accept()
   never fails for lack of descriptors;
-* **timeouts**, checked once a second: idle (before the first request and between requests)
-  `keep_alive_timeout_s`; a request's headers and body must arrive within `request_read_timeout_s` of its
-  first byte (408, then closed); a response the client does not read for `send_timeout_s` (the socket's
-  buffers full) closes the connection;
+* **timeouts**, checked once a second: idle between requests `keep_alive_timeout_s`; a request's headers and
+  body must arrive within `request_read_timeout_s` of its first byte, the first request within that of the
+  connection (408, then closed; a connection that sent nothing is just closed); a response the client does
+  not read for `send_timeout_s` (the socket's buffers full) closes the connection;
 * **small buffers per connection**: the kernel send buffer and the transport's write high-water mark are
   `stream_buffer_bytes`, so a client that stops reading holds at most that much of the gateway's memory
   (the app cancels the generation behind it: app.py's relay).
@@ -44,7 +44,7 @@ MAX_AUTO_CONNECTIONS = 4096
 class ConnectionLimits:
     max_connections: int = MAX_AUTO_CONNECTIONS
     keep_alive_timeout_s: float = 5.0
-    request_read_timeout_s: float = 10.0
+    request_read_timeout_s: float = 30.0
     send_timeout_s: float = 30.0
     stream_buffer_bytes: int = 64 * 1024
 
@@ -94,7 +94,9 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         now = time.monotonic()
-        self.idle_since: float | None = now        # no request since (None: one is being read or served)
+        # a new connection is reading its first request: it has request_read_timeout_s to send it (the idle
+        # keep-alive timeout starts after a response)
+        self.idle_since: float | None = None       # since when no request (None: one is being read or served)
         self.request_started = now
         self.write_paused_since: float | None = None
         self._tune(transport)
@@ -146,7 +148,10 @@ class GuardedH11Protocol(H11Protocol):
             self._close()
         elif self.idle_since is None and self._reading_request() and \
                 now - self.request_started > limits.request_read_timeout_s:
-            self._answer_and_close(408, b"the request did not arrive in time")
+            if self.cycle is None and not self.conn.trailing_data[0]:
+                self._close()    # never sent a byte
+            else:
+                self._answer_and_close(408, b"the request did not arrive in time")
 
     def _reading_request(self) -> bool:
         if self._between_requests():

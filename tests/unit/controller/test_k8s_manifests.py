@@ -51,7 +51,7 @@ def test_disaggregated_manifests_validate_strictly(plan):
     manifests = render(plan, {"prefill": 1, "decode": 2})
     assert validate_manifests(manifests, "1.30") == []
     assert sorted(by_name(manifests)) == sorted([
-        ("Secret", "llama-kv-key"), ("ConfigMap", "llama-fleet"),
+        ("Secret", "llama-kv-key"), ("Secret", "llama-api-key"), ("ConfigMap", "llama-fleet"),
         ("ConfigMap", "llama-prefill-r1-serve"), ("Deployment", "llama-prefill-r1"), ("Service", "llama-prefill"),
         ("ConfigMap", "llama-decode-r1-serve"), ("Deployment", "llama-decode-r1"), ("Service", "llama-decode"),
         ("Deployment", "llama-gateway"), ("Service", "llama-gateway"), ("NetworkPolicy", "llama-instances")])
@@ -155,3 +155,20 @@ def test_rendering_does_not_import_the_kubernetes_client():
     code = ("import sys, trtpd.controller, trtpd.controller.k8s.manifests; "
             "assert 'kubernetes' not in sys.modules and 'kubernetes_validate' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[3])
+
+
+def test_the_gateway_needs_an_api_key_from_a_secret_only_it_mounts(plan):
+    import base64
+
+    from trtpd.gateway.api_keys import derived_api_key
+    manifests = by_name(render(plan, {"prefill": 1, "decode": 1}))
+    secret = manifests[("Secret", "llama-api-key")]
+    assert base64.b64decode(secret["data"]["keys"]).decode() == derived_api_key(KEY) + "\n"
+    pod = manifests[("Deployment", "llama-gateway")]["spec"]["template"]["spec"]
+    argv = pod["containers"][0]["command"]
+    assert argv[argv.index("--api-key-file") + 1] == "/etc/trtpd/api/keys" and "--no-auth" not in argv
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-key")
+    assert volume["secret"] == {"secretName": "llama-api-key", "defaultMode": 0o400}
+    others = [m for (kind, name), m in manifests.items() if kind == "Deployment" and name != "llama-gateway"]
+    assert others and not any(v.get("secret", {}).get("secretName") == "llama-api-key"
+                              for m in others for v in m["spec"]["template"]["spec"].get("volumes", []))

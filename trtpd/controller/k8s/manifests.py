@@ -247,6 +247,23 @@ def key_secret(fleet: K8sFleet) -> dict:
             "data": {"key": base64.b64encode(text.encode()).decode()}}
 
 
+API_KEY_DIR = "/etc/trtpd/api"
+
+
+def api_key_secret_name(fleet: str) -> str:
+    return f"{fleet}-api-key"
+
+
+def api_key_secret(fleet: K8sFleet) -> dict:
+    """The gateway's API key (one line, as --api-key-file reads it), derived from the deployment key; mounted only
+    in the gateway's pod, mode 0400. Read it with `kubectl get secret NAME-api-key -o jsonpath={.data.keys}`."""
+    from trtpd.gateway.api_keys import derived_api_key
+    text = derived_api_key(fleet.kv_key) + "\n"
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": fleet.meta(api_key_secret_name(fleet.name), fleet.labels("gateway")),
+            "data": {"keys": base64.b64encode(text.encode()).decode()}}
+
+
 def fleet_configmap(fleet: K8sFleet, mode: str, stable_revision: int) -> dict:
     text = fleet_document(fleet.name, mode, fleet.engines.mount_path, fleet.model_path, [],
                           {"stable_revision": stable_revision})
@@ -259,7 +276,7 @@ def gateway_deployment(fleet: K8sFleet) -> dict:
     """One replica: drains sent to PUT /admin are held in that process (the fleet file carries them too)."""
     labels = fleet.labels("gateway")
     argv = ["python", "-m", "trtpd.gateway", "--fleet-file", f"{FLEET_DIR}/{FLEET_FILE}", "--host", "0.0.0.0",
-            "--port", str(fleet.gateway_port)]
+            "--port", str(fleet.gateway_port), "--api-key-file", f"{API_KEY_DIR}/keys"]
     container = {
         "name": "gateway", "image": fleet.gateway_image, "command": argv,
         "ports": [{"name": "http", "containerPort": fleet.gateway_port, "protocol": "TCP"}],
@@ -267,7 +284,8 @@ def gateway_deployment(fleet: K8sFleet) -> dict:
         "livenessProbe": {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "failureThreshold": 6},
         "volumeMounts": [{"name": "engines", "mountPath": fleet.engines.mount_path, "readOnly": True},
                          {"name": "fleet", "mountPath": FLEET_DIR, "readOnly": True},
-                         {"name": "kv-key", "mountPath": KEY_DIR, "readOnly": True}],
+                         {"name": "kv-key", "mountPath": KEY_DIR, "readOnly": True},
+                         {"name": "api-key", "mountPath": API_KEY_DIR, "readOnly": True}],
     }
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": fleet.meta(f"{fleet.name}-gateway", labels),
@@ -277,7 +295,10 @@ def gateway_deployment(fleet: K8sFleet) -> dict:
                                            "volumes": [fleet.engines.volume(),
                                                        {"name": "fleet",
                                                         "configMap": {"name": fleet_configmap_name(fleet.name)}},
-                                                       _key_volume(fleet)]}}}}
+                                                       _key_volume(fleet),
+                                                       {"name": "api-key", "secret": {
+                                                           "secretName": api_key_secret_name(fleet.name),
+                                                           "defaultMode": 0o400}}]}}}}
 
 
 def gateway_service(fleet: K8sFleet) -> dict:
@@ -313,7 +334,7 @@ def fleet_manifests(fleet: K8sFleet, plan: BuildPlan, revision: int, shapes: dic
     if set(replicas) != set(shapes):
         raise ConfigError(f"replicas name roles {sorted(replicas)} but shapes name {sorted(shapes)}; give both")
     mode = fleet_mode(shapes)
-    out = [key_secret(fleet), fleet_configmap(fleet, mode, revision)]
+    out = [key_secret(fleet), api_key_secret(fleet), fleet_configmap(fleet, mode, revision)]
     for role, shape in shapes.items():
         if shape.role != role:
             raise ConfigError(f"shapes[{role!r}] is a {shape.role} shape")
