@@ -18,7 +18,7 @@ from trtpd.catalog import resolve_model
 from trtpd.cli.simulate import compare_autoscaled, load_policy
 from trtpd.perf.hardware import load_hardware
 from trtpd.planner.inputs import load_slo
-from trtpd.sim.build import disaggregated_cluster
+from trtpd.sim.cluster_specs import disaggregated_cluster
 from trtpd.sim.options import ClusterOptions
 from trtpd.sim.workload import generate_requests, load_workload
 

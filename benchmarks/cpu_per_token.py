@@ -46,7 +46,7 @@ def main() -> None:
     from trtpd.bench.openai_load import run_openai
     from trtpd.bench.run import make_requests
     from trtpd.deploy.spec import ReferenceDeployment
-    from trtpd.engine.build import build_reference
+    from trtpd.engine.reference_engines import build_reference
     from trtpd.engine.checkpoint import load_checkpoint
     from trtpd.fleet.gateway_process import api_key, attach_gateway
     from trtpd.fleet.launcher import fleet_down, fleet_up

@@ -29,7 +29,7 @@ def main() -> None:
 
     import openai
 
-    from trtpd.engine.build import build_reference
+    from trtpd.engine.reference_engines import build_reference
     from trtpd.fleet.launcher import fleet_down, fleet_up
     from trtpd.fleet.gateway_process import api_key, attach_gateway
     from trtpd.gateway.role_client import RoleClient, SamplingInputs

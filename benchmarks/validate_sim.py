@@ -22,12 +22,12 @@ import numpy as np
 
 from trtpd.bench.run import bench_url, make_requests
 from trtpd.catalog import get_model
-from trtpd.engine.build import build_reference
+from trtpd.engine.reference_engines import build_reference
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.perf.hardware import load_hardware
 from trtpd.repo.reference import ReferenceDeployment
 from trtpd.serving import deployment
-from trtpd.sim.build import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
+from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
 from trtpd.sim.metrics import latencies
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload

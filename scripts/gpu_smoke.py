@@ -13,7 +13,7 @@
 4. the same against deploy/trtllm-serve/launch.sh through the router's /v1/completions, with
    usage.completion_tokens checked and each server on its own GPU.
 Prints one `ok:` line per check and exits non-zero at the first failure. `--print-plan` prints every
-command and request without running anything (what tests/unit/build/test_gpu_smoke.py checks).
+command and request without running anything (what tests/unit/trtllm/test_gpu_smoke.py checks).
 """
 
 from __future__ import annotations

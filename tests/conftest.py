@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def engines_dir(tmp_path_factory) -> Path:
-    from trtpd.engine.build import build_reference
+    from trtpd.engine.reference_engines import build_reference
 
     root = tmp_path_factory.mktemp("engines")
     for kv_dtype in ("fp16", "fp8"):

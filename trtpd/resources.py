@@ -1,6 +1,6 @@
 """Where trtpd's data folders are: inside the installed package (wheel), else in the source checkout.
 
-A wheel carries configs/ as trtpd/configs, build/tensorrtllm/ as trtpd/recipes/tensorrtllm and
+A wheel carries configs/ as trtpd/configs, recipes/tensorrtllm/ as trtpd/recipes/tensorrtllm and
 triton_models/ as trtpd/triton_models (pyproject.toml, force-include). An editable install or a plain
 checkout has them next to the trtpd/ package. Every reader of these folders asks this module.
 """
@@ -17,7 +17,7 @@ CONFIG_KINDS = ("hardware", "slo", "workloads", "plans")
 # folder inside the installed package -> folder in the source checkout (relative to its root)
 _PACKAGED = {
     "configs": "configs",
-    "recipes/tensorrtllm": "build/tensorrtllm",
+    "recipes/tensorrtllm": "recipes/tensorrtllm",
     "triton_models": "triton_models",
 }
 
@@ -44,7 +44,7 @@ def configs_dir(kind: str) -> Path:
 
 
 def recipes_dir() -> Path:
-    """build/tensorrtllm/: common.yaml, prefill.yaml, decode.yaml."""
+    """recipes/tensorrtllm/: common.yaml, prefill.yaml, decode.yaml."""
     return data_dir("recipes/tensorrtllm")
 
 

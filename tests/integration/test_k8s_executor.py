@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from tests.fakes.kube_api import FakeKubeApi
-from trtpd.build.plan import plan_build
-from trtpd.build.recipe import load_recipes
-from trtpd.build.spec import BuildOverrides, make_request
+from trtpd.trtllm.plan import plan_build
+from trtpd.trtllm.recipe import load_recipes
+from trtpd.trtllm.spec import BuildOverrides, make_request
 from trtpd.controller.k8s.executor import KubernetesExecutor, api_client
 from trtpd.controller.k8s.gateway_admin import GatewayAdmin, admin_token
 from trtpd.controller.k8s.manifests import EnginesVolume, K8sFleet

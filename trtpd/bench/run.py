@@ -15,7 +15,7 @@ from trtpd.bench.client import BenchRequest, RequestResult, run_stream
 from trtpd.bench.options import DemoOptions
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.bench.stats import BenchSummary, comparison_table, summarize
-from trtpd.engine.build import build_reference
+from trtpd.engine.reference_engines import build_reference
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.sim.workload import generate_requests, load_workload

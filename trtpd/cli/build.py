@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trtpd.build.versions import PINNED
+from trtpd.trtllm.versions import PINNED
 from trtpd.cli import args as a
 from trtpd.errors import ConfigError
 
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
         description=f"Plan and build a prefill-tuned and a decode-tuned engine for TensorRT-LLM {PINNED.tensorrt_llm} "
                     f"(Triton {PINNED.triton_container}), with FP8 KV by default, plus engines/<model>/deploy/ "
                     f"(Triton repository, MPI launch script, trtllm-serve configs). Defaults and their reasons "
-                    f"are in build/tensorrtllm/*.yaml.")
+                    f"are in recipes/tensorrtllm/*.yaml.")
     p.add_argument("--model", required=True,
                    help="catalog name (e.g. llama-2-70b) or a Hugging Face checkpoint folder with config.json")
     p.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml",
@@ -140,13 +140,13 @@ def run(args) -> int:
 
 
 def _run_tensorrtllm(args, fp8, dtype) -> int:
-    from trtpd.build.containers import choose_container
-    from trtpd.build.environment import detect, require_runnable
-    from trtpd.build.launch import TritonPorts
-    from trtpd.build.recipe import load_recipes
-    from trtpd.build.run import prepare, run_build, write_configs
-    from trtpd.build.serve_config import ServeLayout
-    from trtpd.build.spec import BuildOverrides, make_request
+    from trtpd.trtllm.containers import choose_container
+    from trtpd.trtllm.environment import detect, require_runnable
+    from trtpd.trtllm.launch import TritonPorts
+    from trtpd.trtllm.recipe import load_recipes
+    from trtpd.trtllm.run import prepare, run_build, write_configs
+    from trtpd.trtllm.serve_config import ServeLayout
+    from trtpd.trtllm.spec import BuildOverrides, make_request
 
     container = choose_container(args.container or "auto")
     values = {f.replace("-", "_"): getattr(args, f.replace("-", "_")) for f in _INT_FLAGS}
@@ -193,7 +193,7 @@ def _run_reference(args, fp8, dtype) -> int:
         print(f"would run: build_reference({args.model!r}, {str(args.engines_dir)!r}, {shown})")
         print("dry run: nothing was written")
         return 0
-    from trtpd.engine.build import build_reference
+    from trtpd.engine.reference_engines import build_reference
 
     dirs = build_reference(args.model, args.engines_dir, progress=lambda line: print(line, flush=True), **kwargs)
     for d in dirs:

@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _options(args: argparse.Namespace):
     from trtpd.schema.plan import load_plan
-    from trtpd.sim.build import ClusterOptions, options_from_engines, options_from_plan
+    from trtpd.sim.cluster_specs import ClusterOptions, options_from_engines, options_from_plan
 
     model, hardware, rate = "llama-2-70b", "h100-sxm", None
     opts = ClusterOptions()
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.catalog import resolve_model
     from trtpd.perf.hardware import load_hardware
     from trtpd.planner.inputs import load_slo
-    from trtpd.sim.build import colocated_cluster, disaggregated_cluster
+    from trtpd.sim.cluster_specs import colocated_cluster, disaggregated_cluster
     from trtpd.sim.goodput import max_goodput_rate_per_s
     from trtpd.sim.metrics import summarize
     from trtpd.sim.simulator import default_max_in_system, simulate

@@ -51,7 +51,7 @@ def live_autoscaler(spec) -> Autoscaler:
 
     from trtpd.catalog import resolve_model
     from trtpd.perf.hardware import load_hardware
-    from trtpd.sim.build import disaggregated_cluster, options_from_engines
+    from trtpd.sim.cluster_specs import disaggregated_cluster, options_from_engines
 
     if spec.mode != "disaggregated":
         raise ValueError("the autoscaler scales prefill and decode (a disaggregated deployment)")

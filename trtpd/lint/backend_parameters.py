@@ -1,6 +1,6 @@
 """The config.pbtxt `parameters` keys that TensorRT-LLM 1.2.1's tensorrtllm backend reads, and where.
 
-Re-exported by trtpd.build.options_table (the table of everything trtpd emits). A key without a fallback
+Re-exported by trtpd.trtllm.options_table (the table of everything trtpd emits). A key without a fallback
 is read with a bare GetParameter, which throws "Cannot find parameter with name: <key>", so the model
 fails to load on every rank; such keys are always emitted, empty when unused, as upstream's template does.
 """

@@ -66,7 +66,7 @@ def lint_decode_num_tokens(options: Mapping, *, max_num_tokens: int, max_prompt_
 
 
 def lint_serve_launch(script: str, *, source: str) -> list[Finding]:
-    """The UCX variables upstream recommends for the KV transceiver (sources: build/serve_config.py UCX_ENV)."""
+    """The UCX variables upstream recommends for the KV transceiver (sources: trtpd/trtllm/serve_config.py UCX_ENV)."""
     wanted = {"UCX_MEMTYPE_CACHE": "n (TensorRT-LLM disaggregated-service doc, #2518)",
               "UCX_CUDA_IPC_ENABLE_MNNVL": "n, or y on a multi-node NVLink domain (kv_cache_transceiver.py's UCX advice)"}
     return [Finding("ucx-env", "warning", f"{source}: {name}",

@@ -1,6 +1,6 @@
 """The KV link between a prefill and a decode instance: its bandwidth and the time one transfer takes.
 
-The planner (trtpd.planner.search, .role_models) and the simulator (trtpd.sim.build, .decode_instance)
+The planner (trtpd.planner.search, .role_models) and the simulator (trtpd.sim.cluster_specs, .decode_instance)
 both take them from here, so a plan and its simulation price a transfer the same way.
 """
 

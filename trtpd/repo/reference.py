@@ -80,5 +80,5 @@ def render_reference_repository(dep: ReferenceDeployment, out_dir: Path, *, over
 
 
 def default_build_root(engines_dir: Path, model: str, kv_dtype: str) -> Path:
-    from trtpd.engine.build import engine_dir   # torch: only when a build root is asked for
+    from trtpd.engine.reference_engines import engine_dir   # torch: only when a build root is asked for
     return engine_dir(engines_dir, model, kv_dtype, Role.PREFILL).parent

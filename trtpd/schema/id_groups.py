@@ -1,6 +1,6 @@
 """The tensorrtllm model's `participant_ids` and `gpu_device_ids`: ';'-separated groups of ','-separated ids.
 
-`trtpd build` writes them (trtpd.build.mpi_world) and `trtpd lint` reads them back (trtpd.lint.repository).
+`trtpd build` writes them (trtpd.trtllm.mpi_world) and `trtpd lint` reads them back (trtpd.lint.repository).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trtpd.build.mpi_world import plan_mpi_world
-from trtpd.build.plan import plan_build
-from trtpd.build.recipe import load_recipes
-from trtpd.build.serve_config import ServeLayout, render_serve_files, worker_commands
-from trtpd.build.spec import BuildOverrides, make_request
+from trtpd.trtllm.mpi_world import plan_mpi_world
+from trtpd.trtllm.plan import plan_build
+from trtpd.trtllm.recipe import load_recipes
+from trtpd.trtllm.serve_config import ServeLayout, render_serve_files, worker_commands
+from trtpd.trtllm.spec import BuildOverrides, make_request
 from trtpd.controller.k8s.manifests import (EnginesVolume, dump_yaml, render_manifests, validate_manifests)
 from trtpd.controller.types import RoleShape
 from trtpd.errors import ConfigError

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from trtpd.schema.manifest import load_manifest
-from trtpd.engine.build import build_reference
+from trtpd.engine.reference_engines import build_reference
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role
 from trtpd.errors import ConfigError

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from trtpd.build.deploy import plan_deploy, write_deploy
+from trtpd.trtllm.deploy import plan_deploy, write_deploy
 from trtpd.schema.manifest import BuildInputs, EngineBuildConfig, EngineManifest, ModelShape
-from trtpd.build.plan import plan_build
-from trtpd.build.recipe import load_recipes
-from trtpd.build.spec import BuildOverrides, make_request
+from trtpd.trtllm.plan import plan_build
+from trtpd.trtllm.recipe import load_recipes
+from trtpd.trtllm.spec import BuildOverrides, make_request
 from trtpd.catalog import get_model
 
 

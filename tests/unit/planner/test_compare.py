@@ -73,7 +73,7 @@ def test_bundled_plan_files_still_load(path):
 
 
 def test_simulate_takes_the_plans_colocated_configuration(colocated_plan):
-    from trtpd.sim.build import options_from_plan
+    from trtpd.sim.cluster_specs import options_from_plan
     opts = options_from_plan(colocated_plan)
     c = colocated_plan.colocated
     assert (opts.colocated_policy, opts.colocated_tp, opts.num_colocated_instances) == (c.policy, c.tp, c.num_instances)

@@ -29,7 +29,7 @@ from trtpd.perf.hardware import load_hardware
 from trtpd.planner.inputs import SearchSpace, Target, load_slo
 from trtpd.planner.make import VerifyOptions, make_plan
 from trtpd.planner.search import PlanProblem
-from trtpd.sim.build import colocated_cluster, disaggregated_cluster, options_from_plan
+from trtpd.sim.cluster_specs import colocated_cluster, disaggregated_cluster, options_from_plan
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from trtpd.build.plan import BuildPlan
+from trtpd.trtllm.plan import BuildPlan
 from trtpd.controller.k8s.fleet_file import fleet_document, fleet_instance
 from trtpd.controller.k8s.gateway_admin import GatewayAdmin, admin_token
 from trtpd.controller.k8s.manifests import (DELETION_COST, LABEL_INSTANCE, LABEL_REVISION, LABEL_ROLE, LABEL_STATE,

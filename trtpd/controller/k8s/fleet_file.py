@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from trtpd.build.spec import RoleSpec
+from trtpd.trtllm.spec import RoleSpec
 
 KEY_DIR = "/etc/trtpd/kv"
 KEY_FILE = f"{KEY_DIR}/key"

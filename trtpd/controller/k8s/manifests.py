@@ -1,7 +1,7 @@
 """Kubernetes manifests for one trtpd deployment on the trtllm-serve path (pure: data in, dicts out).
 
 Per role and revision an apps/v1 Deployment `<name>-<role>-r<revision>` whose pods each run one trtllm-serve
-instance (the command and the role's extra_llm_api_options YAML come from trtpd/build/serve_config.py, the same
+instance (the command and the role's extra_llm_api_options YAML come from trtpd/trtllm/serve_config.py, the same
 code that writes launch.sh), a ConfigMap with that YAML, and, shared by every revision: a headless Service per
 role, the KV key Secret, the gateway's Deployment, Service and fleet-file ConfigMap, and a NetworkPolicy that
 admits to instance pods only pods of the same trtpd deployment.
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from trtpd.build.mpi_world import InstanceRanks, MpiWorld, plan_mpi_world
-from trtpd.build.options import check_args, require_valid
-from trtpd.build.plan import BuildPlan, RolePlan
-from trtpd.build.serve_config import (SERVER_START_TIMEOUT_S, ServeLayout, render_serve_files, role_llm_options,
+from trtpd.trtllm.mpi_world import InstanceRanks, MpiWorld, plan_mpi_world
+from trtpd.trtllm.options import check_args, require_valid
+from trtpd.trtllm.plan import BuildPlan, RolePlan
+from trtpd.trtllm.serve_config import (SERVER_START_TIMEOUT_S, ServeLayout, render_serve_files, role_llm_options,
                                       worker_commands)
-from trtpd.build.versions import PINNED
+from trtpd.trtllm.versions import PINNED
 from trtpd.controller.k8s.fleet_file import FLEET_DIR, FLEET_FILE, KEY_DIR, KEY_FILE, fleet_document
 from trtpd.controller.types import ROLES, RoleShape
 from trtpd.errors import ConfigError

@@ -1,0 +1,151 @@
+"""Running a plan with a fake of the subprocess: manifests, checksums, skips, failures, logs.
+
+The real commands need TensorRT-LLM 1.2.x and GPUs; FakeRunner writes what they would write."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtpd.trtllm.environment import BuildEnvironment, TrtllmUnavailableError, require_runnable
+from trtpd.trtllm.execute import BuildStepError, execute_plan
+from trtpd.schema.manifest import load_manifest
+from trtpd.trtllm.plan import plan_build
+from trtpd.trtllm.run import prepare, run_build
+from trtpd.trtllm.spec import BuildOverrides, make_request
+from trtpd.errors import ConfigError
+
+
+class FakeRunner:
+    def __init__(self, fail_on: str | None = None):
+        self.calls: list[list[str]] = []
+        self.fail_on = fail_on
+
+    def run(self, argv, env, log_path: Path, on_line) -> int:
+        self.calls.append(argv)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(f"$ {' '.join(argv)}\n")
+        out = Path(argv[argv.index("--output_dir") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        on_line(f"working on {out.name}")
+        if argv[0] == "trtllm-build":
+            (out / "config.json").write_text(json.dumps({"argv": argv}))
+            (out / "rank0.engine").write_bytes(b"engine-bytes")
+        else:
+            (out / "config.json").write_text("{}")
+            (out / "rank0.safetensors").write_bytes(b"weights")
+        if self.fail_on and self.fail_on in " ".join(argv):
+            (out / "partial.bin").write_bytes(b"half")
+            return 3
+        return 0
+
+
+VERSIONS = {"tensorrt_llm_installed": "1.2.1"}
+
+
+@pytest.fixture
+def plan(request_for, tmp_path):
+    return plan_build(request_for(prefill_tp=2, decode_tp=4, engines_dir=tmp_path))
+
+
+def test_successful_build_writes_complete_manifests(plan, tmp_path):
+    lines: list[str] = []
+    manifests = execute_plan(plan, FakeRunner(), lines.append, versions=VERSIONS)
+    assert [m.status for m in manifests] == ["complete", "complete"]
+    m = load_manifest(plan.decode.engine_dir)
+    assert m.status == "complete" and m.updated_at
+    assert [c.path for c in m.checksums] == ["config.json", "rank0.engine"]
+    assert [s.status for s in m.steps] == ["ok", "ok"]
+    assert m.steps[1].log_path.endswith("logs/trtllm-build-decode-tp4.log") and Path(m.steps[1].log_path).is_file()
+    assert m.versions["tensorrt_llm_installed"] == "1.2.1" and m.versions["tensorrt_llm"] == "1.2.1"
+    assert any(line.startswith("running trtllm-build: trtllm-build --checkpoint_dir") for line in lines)
+    assert any("[quantize] working on fp8-tp2" in line for line in lines)
+
+
+def test_second_run_skips_what_is_up_to_date(plan):
+    execute_plan(plan, FakeRunner(), lambda _: None, versions=VERSIONS)
+    runner, lines = FakeRunner(), []
+    execute_plan(plan, runner, lines.append, versions=VERSIONS)
+    assert runner.calls == []
+    assert sum("up to date" in line for line in lines) == 2
+
+
+def test_changed_engine_file_is_rebuilt_but_checkpoint_is_not(plan):
+    execute_plan(plan, FakeRunner(), lambda _: None, versions=VERSIONS)
+    (plan.decode.engine_dir / "rank0.engine").write_bytes(b"tampered")
+    runner = FakeRunner()
+    execute_plan(plan, runner, lambda _: None, versions=VERSIONS)
+    assert [c[0] for c in runner.calls] == ["trtllm-build"]
+    assert load_manifest(plan.decode.engine_dir).steps[0].status == "skipped"
+
+
+def test_shared_checkpoint_is_converted_once(request_for, tmp_path):
+    plan = plan_build(request_for(prefill_tp=4, decode_tp=4, engines_dir=tmp_path))
+    runner = FakeRunner()
+    execute_plan(plan, runner, lambda _: None, versions=VERSIONS)
+    assert [Path(c[1]).name if c[0] == "python3" else c[0] for c in runner.calls] == \
+        ["quantize.py", "trtllm-build", "trtllm-build"]
+
+
+def test_failed_step_leaves_a_failed_manifest_and_no_partial_engine(plan):
+    with pytest.raises(BuildStepError, match=r"trtllm-build failed with exit code 3 .*see .*trtllm-build-decode-tp4.log"):
+        execute_plan(plan, FakeRunner(fail_on="decode-tp4"), lambda _: None, versions=VERSIONS)
+    assert sorted(p.name for p in plan.decode.engine_dir.iterdir()) == ["manifest.json"]
+    m = load_manifest(plan.decode.engine_dir)
+    assert m.status == "failed" and "exit code 3" in m.error
+    assert [s.status for s in m.steps] == ["ok", "failed"]
+    assert load_manifest(plan.prefill.engine_dir).status == "complete"
+
+
+def test_failed_checkpoint_is_removed(plan):
+    with pytest.raises(BuildStepError):
+        execute_plan(plan, FakeRunner(fail_on="fp8-tp2"), lambda _: None, versions=VERSIONS)
+    assert not any(plan.prefill.checkpoint_step.output_dir.iterdir())
+    assert load_manifest(plan.prefill.engine_dir).status == "failed"
+
+
+def test_missing_tensorrt_llm_points_to_dry_run(request_for, tmp_path):
+    prepared = prepare(request_for(prefill_tp=4, decode_tp=4, engines_dir=tmp_path))
+    with pytest.raises(TrtllmUnavailableError, match=r"tensorrt_llm is not importable.*--dry-run.*--configs-only"):
+        run_build(prepared, report=lambda _: None, environment=BuildEnvironment(None, []), runner=FakeRunner())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_wrong_version_and_missing_gpus_are_refused():
+    with pytest.raises(TrtllmUnavailableError, match="tensorrt_llm 1.3.0 is installed.*pinned to 1.2.x"):
+        require_runnable(BuildEnvironment("1.3.0", ["H100"] * 8), 4)
+    with pytest.raises(TrtllmUnavailableError, match="needs 4 GPU"):
+        require_runnable(BuildEnvironment("1.2.1", ["H100"]), 4)
+    require_runnable(BuildEnvironment("1.2.0rc6.post2", ["H100"] * 4), 4)
+
+
+def _examples(root: Path) -> str:
+    """A stand-in for the container's TensorRT-LLM examples folder."""
+    for script in ("quantization/quantize.py", "models/core/llama/convert_checkpoint.py"):
+        (root / script).parent.mkdir(parents=True, exist_ok=True)
+        (root / script).write_text("")
+    return str(root)
+
+
+def test_run_build_writes_engines_and_deploy(request_for, tmp_path, recipes):
+    request = make_request("llama-2-70b", recipes, BuildOverrides(prefill_tp=2, decode_tp=4), engines_dir=tmp_path,
+                           examples_dir=_examples(tmp_path / "examples"))
+    prepared = prepare(request)
+    manifests = run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8),
+                          runner=FakeRunner())
+    assert [m.status for m in manifests] == ["complete", "complete"]
+    deploy = tmp_path / "llama-2-70b" / "deploy"
+    assert (deploy / "launch_triton.sh").stat().st_mode & 0o111
+    assert (deploy / "model_repository" / "decode" / "config.pbtxt").is_file()
+    assert (deploy / "python" / "trtpd" / "serving" / "bls_model.py").is_file()
+    assert not list((deploy / "python").rglob("__pycache__"))
+
+
+def test_run_build_refuses_missing_examples_before_running_anything(request_for, tmp_path):
+    prepared = prepare(request_for(prefill_tp=2, decode_tp=4, engines_dir=tmp_path))
+    runner = FakeRunner()
+    with pytest.raises(ConfigError, match=r"/app/examples/quantization/quantize.py missing.*--container trtllm-1.2.1"):
+        run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8), runner=runner)
+    assert not (tmp_path / "llama-2-70b").exists()

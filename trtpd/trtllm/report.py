@@ -1,0 +1,56 @@
+"""Human-readable build plan: what `trtpd build --dry-run` prints (and the golden `plan.txt`)."""
+
+from __future__ import annotations
+
+from trtpd.trtllm.deploy import REPO_DIR, DeployPlan
+from trtpd.trtllm.launch import PYTHON_DIR
+from trtpd.trtllm.serve_config import transfer_buffer_tokens
+from trtpd.schema.manifest import MANIFEST_NAME
+from trtpd.trtllm.plan import BuildPlan
+from trtpd.trtllm.versions import PINNED
+from trtpd.lint.findings import Finding, summary
+
+
+def describe_precision(plan: BuildPlan) -> str:
+    r = plan.request
+    return "FP8 weights + FP8 KV cache" if r.fp8 else f"{r.weights_dtype} weights + {r.kv_dtype.value} KV cache"
+
+
+def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) -> str:
+    r = plan.request
+    lines = [f"trtpd build plan: {r.model.name} for TensorRT-LLM {PINNED.tensorrt_llm} (Triton {PINNED.triton_container}), "
+             f"{describe_precision(plan)}, tokens_per_block {r.tokens_per_block}",
+             f"  source: {r.model_source}; longest prompt {r.max_input_len} tokens, longest output {r.max_output_len}"]
+    for role in plan.roles:
+        s = role.spec
+        lines.append(f"  {s.role + ':':8} TP{s.tp_size} PP{s.pp_size} x{s.instances}, max_batch_size {s.max_batch_size}, "
+                     f"max_num_tokens {s.max_num_tokens}, max_input_len {s.max_input_len}, "
+                     f"max_seq_len {s.max_seq_len} -> {role.engine_dir}")
+    w = deploy.world
+    lines.append(f"  MPI world (Triton tensorrtllm backend): {w.world_size} ranks = 1 orchestrator + "
+                 + " + ".join(f"{sum(len(i.ranks) for i in w.instances(s.role))} {s.role}" for s in r.roles))
+    lines.append(f"  trtllm-serve KV transfer: {r.transceiver_backend}, max_tokens_in_buffer "
+                 f"{transfer_buffer_tokens(r.max_input_len, r.tokens_per_block)}, "
+                 f"kv_transfer_timeout_ms {r.kv_transfer_timeout_ms}")
+    c = deploy.container
+    lines.append(f"  container: {c.name} ({c.image}), TensorRT-LLM examples in {r.examples_dir}")
+    for warning in r.warnings:
+        lines.append(f"  warning: {warning}")
+    lines.append("")
+    for n, step in enumerate(plan.unique_steps(), start=1):
+        users = [role.spec.role for role in plan.roles if step in role.steps]
+        lines.append(f"# {n}. {step.name} -> {step.output_dir.name} (for {', '.join(users)})")
+        lines.append(step.shell())
+        lines.append("")
+    lines.append("files a build writes:")
+    for role in plan.roles:
+        lines.append(f"  {role.engine_dir / MANIFEST_NAME}")
+    for model in deploy.models:
+        lines.append(f"  {deploy.deploy_dir / REPO_DIR / model.name / 'config.pbtxt'}")
+    for rel in sorted(deploy.files):
+        lines.append(f"  {deploy.deploy_dir / rel}")
+    lines.append(f"  {deploy.deploy_dir / PYTHON_DIR / 'trtpd'}/ (trtpd's source, imported by the python models)")
+    lines.append("")
+    lines.extend(f.format() for f in findings)
+    lines.append(summary(findings))
+    return "\n".join(lines) + "\n"
