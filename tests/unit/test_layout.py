@@ -124,3 +124,79 @@ def test_the_cycle_check_sees_a_cycle(tmp_path):
     edges = import_edges(pkg)
     assert package_cycles(edges, include_lazy=True) == [["a", "b"]]
     assert package_cycles(edges, include_lazy=False) == []
+
+
+# ---- the rooms' import rules (docs/architecture.md) -------------------------------------------------
+IO_MODULES = ("subprocess", "socket", "http.client", "urllib.request", "httpx", "requests", "grpc", "tritonclient",
+              "sqlite3", "fastapi", "uvicorn")
+SERVER_FRAMEWORKS = ("fastapi", "uvicorn", "starlette")
+PURE_CORES = ("routing", "sched", "planner", "sim", "perf", "schema", "catalog.py", "controller/reconcile.py",
+              "controller/rollout.py", "controller/autoscale.py")
+ADAPTERS = {   # modules beside the pure cores that do reach out, each named with its reason
+    "schema/pbtxt.py": "parses config.pbtxt with tritonclient's protobuf message classes; no I/O",
+    "perf/aiconfigurator.py": "runs NVIDIA's AIConfigurator in its own venv (numpy 2) as a subprocess",
+}
+STUB_MODULES = ("serving/role_model.py", "serving/bls_model.py", "serving/text_models.py", "serving/pb.py",
+                "serving/metrics.py", "serving/request_parsing.py", "serving/admission.py", "serving/fleet_bridge.py",
+                "engine", "kv")
+GATEWAY = ("gateway",)
+
+
+def imported_modules(path: Path) -> list[tuple[str, int]]:
+    """Every absolute module an `import` in `path` names (module level and lazy), with its line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.module, node.lineno))
+    return found
+
+
+def _files(root: Path, places: tuple[str, ...]) -> list[Path]:
+    out = []
+    for place in places:
+        target = root / place
+        out += [target] if target.suffix == ".py" else sorted(target.rglob("*.py"))
+    return out
+
+
+def violations(root: Path, places: tuple[str, ...], banned: tuple[str, ...], allowed: dict[str, str] = {}) -> list[str]:
+    bad = []
+    for path in _files(root, places):
+        rel = str(path.relative_to(root))
+        if rel in allowed:
+            continue
+        for module, line in imported_modules(path):
+            if any(module == b or module.startswith(b + ".") for b in banned):
+                bad.append(f"{rel}:{line} imports {module}")
+    return bad
+
+
+def test_pure_cores_import_no_process_socket_or_client_module():
+    assert not violations(ROOT, PURE_CORES, IO_MODULES, ADAPTERS), "move the I/O to a shell (executor, CLI)"
+
+
+def test_stub_code_imports_no_server_framework_and_no_host_control():
+    banned = SERVER_FRAMEWORKS + ("trtpd.cli", "trtpd.controller", "trtpd.fleet")
+    assert not violations(ROOT, STUB_MODULES, banned)
+
+
+def test_the_gateway_imports_no_host_control_and_no_stub_code():
+    banned = ("trtpd.cli", "trtpd.controller", "trtpd.fleet", "trtpd.serving")
+    assert not violations(ROOT, GATEWAY, banned)
+
+
+def test_a_planted_violation_is_caught(tmp_path):
+    """The checks above are not vacuous: a pure core that starts a process, stub code that imports uvicorn lazily,
+    and a gateway module that reaches into the fleet are each reported with file and line."""
+    (tmp_path / "routing").mkdir()
+    (tmp_path / "routing" / "core.py").write_text("import math\nimport subprocess\n")
+    (tmp_path / "serving").mkdir()
+    (tmp_path / "serving" / "role_model.py").write_text("def f():\n    from uvicorn import Server\n")
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "app.py").write_text("from trtpd.fleet.records import load_fleet\n")
+    assert violations(tmp_path, ("routing",), IO_MODULES) == ["routing/core.py:2 imports subprocess"]
+    assert violations(tmp_path, ("serving/role_model.py",), SERVER_FRAMEWORKS) == [
+        "serving/role_model.py:2 imports uvicorn"]
+    assert violations(tmp_path, GATEWAY, ("trtpd.fleet",)) == ["gateway/app.py:1 imports trtpd.fleet.records"]
