@@ -15,29 +15,28 @@ AUDITED = {"PROCESS_STATE_EXITED": "died", "PROCESS_STATE_BACKOFF": "died", "PRO
 
 
 def audit_event(name: str, event: str, payload: dict[str, str]) -> dict | None:
-    """The audit record for one supervisord event (None: not one to record). A clean exit (expected) or the
-    first start is not a death or a restart."""
+    """The audit record for one supervisord event (None: not one to record). A clean exit (expected) is not a
+    death; a program's first start is not a restart, its first start after a death is (even when the death came
+    before it ever reached RUNNING)."""
     what = AUDITED.get(event)
     program = payload.get("processname", "")
     if what is None or program not in ("gateway", "controller"):
         return None
     if what == "died" and payload.get("expected") == "1":
         return None
-    if what == "running" and payload.get("from_state") == "STARTING" and _first_start(name, program):
-        return None
+    key = f"{name}/{program}"
+    if what == "died":
+        _died.add(key)
+    elif what == "running":   # a restart only after a death: not the first start, not a listener that restarted
+        if key not in _died:
+            return None
+        _died.discard(key)
     action = {"died": f"{program}_died", "running": f"{program}_restarted", "gave_up": f"{program}_gave_up"}[what]
     return {"action": action, "detail": {"pid": int(payload["pid"]) if payload.get("pid", "").isdigit() else None,
                                           "from_state": payload.get("from_state")}}
 
 
-_started: set[str] = set()
-
-
-def _first_start(name: str, program: str) -> bool:
-    key = f"{name}/{program}"
-    first = key not in _started
-    _started.add(key)
-    return first
+_died: set[str] = set()   # programs that died and are not yet running again
 
 
 def listen(name: str, stdin=sys.stdin, stdout=sys.stdout) -> None:

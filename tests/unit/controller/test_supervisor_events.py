@@ -5,7 +5,7 @@ from trtpd.controller import supervisor_events as ev
 
 
 def test_deaths_and_restarts_are_recorded_and_clean_stops_are_not():
-    ev._started.clear()
+    ev._died.clear()
     first = {"processname": "controller", "from_state": "STARTING", "pid": "10"}
     assert ev.audit_event("d", "PROCESS_STATE_RUNNING", first) is None                  # the first start
     died = ev.audit_event("d", "PROCESS_STATE_EXITED", {"processname": "controller", "from_state": "RUNNING",
@@ -18,3 +18,14 @@ def test_deaths_and_restarts_are_recorded_and_clean_stops_are_not():
     assert early["action"] == "gateway_died" and early["detail"]["from_state"] == "STARTING"
     assert ev.audit_event("d", "PROCESS_STATE_FATAL", {"processname": "gateway"})["action"] == "gateway_gave_up"
     assert ev.audit_event("d", "PROCESS_STATE_EXITED", {"processname": "trtpd_audit", "expected": "0"}) is None
+
+
+def test_a_death_before_the_first_running_state_makes_the_next_start_a_restart():
+    """SIGKILL within a second of the start (supervisord's BACKOFF): the program never reached RUNNING, yet its
+    next RUNNING is a restart."""
+    ev._died.clear()
+    assert ev.audit_event("d", "PROCESS_STATE_BACKOFF", {"processname": "controller", "from_state": "STARTING"})
+    again = ev.audit_event("d", "PROCESS_STATE_RUNNING", {"processname": "controller", "from_state": "STARTING",
+                                                          "pid": "12"})
+    assert again["action"] == "controller_restarted" and again["detail"]["pid"] == 12
+    assert ev.audit_event("d", "PROCESS_STATE_RUNNING", {"processname": "controller", "pid": "12"}) is None
