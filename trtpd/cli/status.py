@@ -5,21 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import urllib.request
 
 
 def _metric_lines(metrics_url: str, name: str) -> list[tuple[dict[str, str], float]]:
     """(labels, value) of every sample of metric `name` on a Triton metrics endpoint."""
-    try:
-        text = urllib.request.urlopen(metrics_url, timeout=2).read().decode()
-    except OSError:
-        return []
-    samples = []
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            labels, value = line[line.index("{") + 1:line.index("}")], float(line.rsplit(" ", 1)[1])
-            samples.append(({k: v.strip('"') for k, v in (p.split("=", 1) for p in labels.split(","))}, value))
-    return samples
+    from trtpd.metrics_text import fetch, samples
+    text = fetch(metrics_url)
+    return [] if text is None else samples(text, name)
 
 
 def kv_usage(metrics_url: str) -> dict[str, str]:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-import urllib.request
 
 from trtpd.fleet.instance import instance_folder, shares_cores
 from trtpd.fleet.records import FleetRecord, InstanceRecord
+from trtpd.metrics_text import fetch, samples
 from trtpd.serving import stub_watch
 from trtpd.serving.deployment import server_state
 
@@ -22,26 +22,18 @@ def instance_state(fleet: FleetRecord, inst: InstanceRecord) -> tuple[str, str]:
 
 def load(metrics_url: str, model: str) -> dict[str, int]:
     """waiting, active requests and KV blocks used/max of `model` from its metrics endpoint ({}: unreadable)."""
-    try:
-        text = urllib.request.urlopen(metrics_url, timeout=2).read().decode()
-    except OSError:
+    text = fetch(metrics_url)
+    if text is None:
         return {}
     wanted = {("nv_trt_llm_request_metrics", "request_type", "waiting"): "waiting",
               ("nv_trt_llm_request_metrics", "request_type", "active"): "active",
               ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "used"): "kv_used",
               ("nv_trt_llm_kv_cache_block_metrics", "kv_cache_block_type", "max"): "kv_max"}
     out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or "{" not in line:
-            continue
-        name = line[:line.index("{")]
-        labels = dict(p.split("=", 1) for p in line[line.index("{") + 1:line.rindex("}")].split(",") if "=" in p)
-        labels = {k: v.strip('"') for k, v in labels.items()}
-        if labels.get("model") != model:
-            continue
-        for (metric, key, value), field in wanted.items():
-            if name == metric and labels.get(key) == value:
-                out[field] = int(float(line.rsplit(" ", 1)[1]))
+    for (metric, key, value), field in wanted.items():
+        for labels, number in samples(text, metric):
+            if labels.get("model") == model and labels.get(key) == value:
+                out[field] = int(number)
     return out
 
 

@@ -3,21 +3,17 @@ routing core's InstanceView; an instance whose endpoint does not answer is unhea
 
 from __future__ import annotations
 
-import urllib.request
-
+from trtpd.metrics_text import fetch, samples
 from trtpd.routing.core import InstanceView
 
 
 def parse_samples(text: str, name: str) -> dict[str, float]:
     """{the value of the sample's distinguishing label (kv_cache_block_type / request_type): value}."""
     out = {}
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        labels = dict(p.split("=", 1) for p in line[line.index("{") + 1:line.index("}")].split(","))
+    for labels, value in samples(text, name):
         kind = labels.get("kv_cache_block_type") or labels.get("request_type")
         if kind:
-            out[kind.strip('"')] = float(line.rsplit(" ", 1)[1])
+            out[kind] = value
     return out
 
 
@@ -32,10 +28,8 @@ def view_from_metrics(name: str, role: str, text: str, state: str = "ready") -> 
 
 def probe(name: str, role: str, metrics_url: str, timeout_s: float = 1.0) -> InstanceView:
     """One instance's view now (blocking; the gateway runs it in a thread)."""
-    try:
-        with urllib.request.urlopen(metrics_url, timeout=timeout_s) as resp:
-            text = resp.read().decode()
-    except OSError:
+    text = fetch(metrics_url, timeout_s)
+    if text is None:
         return InstanceView(name=name, role=role, state="unhealthy")
     if "nv_trt_llm_kv_cache_block_metrics{" not in text:   # the server is up, its role model not (yet)
         return InstanceView(name=name, role=role, state="starting")
