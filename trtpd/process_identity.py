@@ -4,6 +4,9 @@ control (servers, the gateway, the controller, supervisord) and by the processes
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 
@@ -26,3 +29,53 @@ def is_running(pid: int, started: int | None) -> bool:
     """The process `pid` that started at `started` still runs (not reused, not a zombie)."""
     fields = proc_stat(pid)
     return bool(fields) and fields[0] != "Z" and (started is None or int(fields[19]) == started)
+
+
+def signal_exact(pid: int, started: int | None, sig: int) -> bool:
+    """Sends `sig` to the process `pid` only if it is the one that started at `started`. Through a pidfd
+    (Linux 5.3+): once opened it names one process, so checking its start time and signalling it cannot race
+    with the pid being reused in between (a plain check-then-kill can). Returns whether it was signalled."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):      # no pidfds here: check, then kill
+        if not is_running(pid, started):
+            return False
+        try:
+            os.kill(pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    try:
+        if not is_running(pid, started):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def stop_process(pid: int, started: int | None, timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL at the deadline, each only to the process that started at `started` (signal_exact);
+    returns once it is gone (its exit status collected if it is our child)."""
+    if not signal_exact(pid, started, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + timeout_s
+    while is_running(pid, started):
+        reap(pid)
+        if time.monotonic() > deadline:
+            signal_exact(pid, started, signal.SIGKILL)
+            deadline = float("inf")
+        time.sleep(0.05)
+    reap(pid)
+
+
+def reap(pid: int) -> None:
+    """Collects a child's exit status (no zombie left); nothing for a process that is not our child."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

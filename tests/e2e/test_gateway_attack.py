@@ -68,6 +68,11 @@ class HealthPoller:
             self.latencies_s.append(time.monotonic() - started)
             time.sleep(0.02)
 
+    def wait_samples(self, more: int, timeout_s: float = 30.0) -> None:
+        """Until `more` further answers came (the poll runs before, during and after what is measured)."""
+        target = len(self.latencies_s) + more
+        wait_for(lambda: len(self.latencies_s) >= target, timeout_s, f"{more} /health answers")
+
     def __enter__(self):
         self._thread.start()
         return self
@@ -94,13 +99,13 @@ def test_a_megabyte_word_and_the_longest_accepted_prompt_never_stall_the_loop(fl
     max_input_len = min(i.max_input_len for i in fleet.instances)
     longest = max_input_len * tokenizer.max_token_chars          # the longest prompt that gets tokenized
     with HealthPoller(port) as poller:
-        time.sleep(0.2)
+        poller.wait_samples(3)
         answers = []
         for prompt in ("x" * 1_000_000, "y" * 16_019, "z" * longest, "q" * (longest + 1)):
             started = time.monotonic()
             status, body = post(port, key, {"model": "tiny-llama", "prompt": prompt, "max_tokens": 1})
             answers.append((len(prompt), status, body["error"]["code"], time.monotonic() - started))
-        time.sleep(0.2)
+        poller.wait_samples(3)
     print(f"answers (chars, status, code, s): {answers}; /health polls {len(poller.latencies_s)}, "
           f"slowest {max(poller.latencies_s) * 1000:.1f} ms")
     assert [(s, c) for _, s, c, _ in answers] == [(400, "context_length_exceeded")] * 4
@@ -127,10 +132,9 @@ def test_idle_and_half_sent_connections_beyond_the_limit_do_not_lock_clients_out
             served = [c.completions.create(model="tiny-llama", prompt=f"hello {i}", max_tokens=2).usage
                       for i in range(5)]
             health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10).read())
-            time.sleep(3.5)   # past the 2 s read timeout and a sweep
             answers = []
-            for s in half:
-                s.settimeout(5)
+            for s in half:     # each is answered once the 2 s read timeout ran out (the sweep runs every second)
+                s.settimeout(15)
                 answers.append(s.recv(200))
             closed = 0
             for s in idle:

@@ -20,7 +20,7 @@ from trtpd.controller.spec import DeploymentSpec, check_revision, load_spec
 from trtpd.controller.store import ControllerStore, actor
 from trtpd.errors import ConfigError, TrtpdError
 from trtpd.serving import deployment
-from trtpd.process_identity import is_running, start_time
+from trtpd.process_identity import is_running, start_time, stop_process
 
 TICK_S = 0.5
 
@@ -159,7 +159,6 @@ def stop_controller(name: str, timeout_s: float = 10.0) -> int | None:
     record = controller_alive(store)
     if record is None:
         return None
-    from trtpd.fleet.supervisor import stop_process
     stop_process(int(record["pid"]), record.get("start_time"), timeout_s)
     return int(record["pid"])
 

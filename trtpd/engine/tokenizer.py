@@ -58,10 +58,11 @@ class Tokenizer:
         self.eos_id = eos_id
         self.bos_id = bos_id
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        pieces = tok.get_vocab(with_added_tokens=False)
-        # the most characters one token can stand for: a prompt longer than max_input_len times this has
-        # more than max_input_len tokens, whatever its text, so it is refused before it is tokenized
-        self.max_token_chars = max((len(p) for p in pieces), default=1)
+        # the most characters one token can stand for (added tokens too: "<s>" in a prompt is one token): a
+        # prompt longer than max_input_len times this has more than max_input_len tokens, whatever its text, so
+        # it is refused before it is tokenized. (Exact for normalizers that only add characters, as Llama's and
+        # byte-level BPE's do; one that composes characters, NFC, could shorten a text below this bound.)
+        self.max_token_chars = max((len(p) for p in tok.get_vocab(with_added_tokens=True)), default=1)
         self.piece_bytes = _piece_bytes(tok)
 
     # ---- training -------------------------------------------------------------------------

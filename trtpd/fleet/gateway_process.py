@@ -19,7 +19,8 @@ import urllib.request
 from pathlib import Path
 
 from trtpd.errors import TrtpdError
-from trtpd.fleet.supervisor import Program, start_supervisor, stop_process, stop_supervisor
+from trtpd.fleet.supervisor import Program, start_supervisor, stop_supervisor
+from trtpd.process_identity import stop_process
 
 API_KEY_FILE = "api.key"
 STATE_FILE = "gateway.json"

@@ -200,13 +200,6 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
 def fleet_status(name: str) -> dict:
     from trtpd.fleet.state import fleet_view
     return fleet_view(records.load_fleet(name))

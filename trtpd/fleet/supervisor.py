@@ -15,7 +15,6 @@ When the deployment has a controller, every death and restart lands in its audit
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,9 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtpd.errors import TrtpdError
+from trtpd.process_identity import start_time, stop_process
 
 CONF_FILE = "supervisord.conf"
 LOG_FILE = "supervisord.log"
+PID_FILE = "supervisord.pid"
+START_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ def render_conf(name: str, folder: Path, programs: list[Program], listener: list
     clean exit (a program stopped with SIGTERM exits 0 and stays stopped)."""
     lines = ["[supervisord]", "nodaemon=true", f"identifier=trtpd-{name}", f"logfile={folder / LOG_FILE}",
              *([f"user={_user_name()}"] if os.geteuid() == 0 else []),   # no "running as root" warning
-             "logfile_maxbytes=5MB", "logfile_backups=2", f"pidfile={folder / 'supervisord.pid'}",
+             "logfile_maxbytes=5MB", "logfile_backups=2", f"pidfile={folder / PID_FILE}",
              f"childlogdir={folder}", "loglevel=info", "minfds=1024", ""]
     for p in programs:
         lines += [f"[program:{p.name}]", f"command={_quote(p.argv)}", f"priority={p.priority}", "autostart=true",
@@ -78,8 +80,6 @@ def _quote(argv: list[str]) -> str:
 def start_supervisor(name: str, folder: Path, programs: list[Program], listener: list[str] | None = None) -> dict:
     """Writes the config and starts supervisord in its own session; returns {"pid", "start_time", "conf", "log"}.
     `listener`: the argv of an event listener told of every program's state change (the controller's audit)."""
-    from trtpd.process_identity import start_time
-
     folder = Path(folder)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     conf = folder / CONF_FILE
@@ -92,37 +92,20 @@ def start_supervisor(name: str, folder: Path, programs: list[Program], listener:
     with open(folder / "supervisord.out", "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "supervisor.supervisord", "-c", str(conf)], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-    time.sleep(0.05)
-    if proc.poll() is not None:
-        raise TrtpdError(f"supervisord exited at start (status {proc.returncode}); see {folder / 'supervisord.out'}")
-    return {"pid": proc.pid, "start_time": start_time(proc.pid), "conf": str(conf), "log": str(folder / LOG_FILE)}
+    record = {"pid": proc.pid, "start_time": start_time(proc.pid), "conf": str(conf), "log": str(folder / LOG_FILE)}
+    # running once it wrote its pidfile (after reading the config, before spawning the programs)
+    pidfile, deadline = folder / PID_FILE, time.monotonic() + START_TIMEOUT_S
+    while not (pidfile.is_file() and pidfile.read_text().strip() == str(proc.pid)):
+        if proc.poll() is not None:
+            raise TrtpdError(f"supervisord exited at start (status {proc.returncode}); see {folder / 'supervisord.out'}")
+        if time.monotonic() > deadline:
+            stop_process(proc.pid, record["start_time"], 5.0)
+            raise TrtpdError(f"supervisord did not start within {START_TIMEOUT_S:.0f} s; see {folder / 'supervisord.out'}")
+        time.sleep(0.02)
+    return record
 
 
 def stop_supervisor(record: dict | None, timeout_s: float = 30.0) -> None:
     """SIGTERM to supervisord (it stops its programs, highest priority first), then SIGKILL at the deadline."""
     if record and record.get("pid"):
         stop_process(int(record["pid"]), record.get("start_time"), timeout_s)
-
-
-def stop_process(pid: int, started: float | None, timeout_s: float) -> None:
-    """SIGTERM, then SIGKILL at the deadline; only while the pid is still the process started (start time)."""
-    from trtpd.process_identity import is_running
-
-    if not is_running(pid, started):
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while is_running(pid, started):
-        _reap(pid)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            deadline = float("inf")
-        time.sleep(0.05)
-    _reap(pid)
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass

@@ -204,6 +204,7 @@ class FleetOrchestrator:
                 held.clear()
 
 
+@dataclass
 class _Export:
     """Where a prefill's handle lands the moment it arrives (the request may be cancelled before _prefill returns),
     and whether prefill's answer was still awaited."""

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from trtpd.process_identity import is_running, proc_stat, start_time  # noqa: F401 - re-exported
+from trtpd.process_identity import is_running, proc_stat, signal_exact, start_time  # noqa: F401 - re-exported
 
 STATE_ENV = "TRTPD_STATE_DIR"
 SHM_ENV = "TRTPD_SHM_PREFIX"
@@ -266,33 +266,6 @@ def leftover_stubs(repo: str, since: int) -> dict[int, int]:
                 and start_time(pid) == started:
             found[pid] = started
     return found
-
-
-def signal_exact(pid: int, started: int | None, sig: int) -> bool:
-    """Sends `sig` to the process `pid` only if it is the one that started at `started`. Through a pidfd
-    (Linux 5.3+): once opened it names one process, so checking its start time and signalling it cannot race
-    with the pid being reused in between (a plain check-then-kill can). Returns whether it was signalled."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except (AttributeError, OSError):      # no pidfds here: check, then kill
-        if not is_running(pid, started):
-            return False
-        try:
-            os.kill(pid, sig)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    try:
-        if not is_running(pid, started):
-            return False
-        signal.pidfd_send_signal(fd, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-    finally:
-        os.close(fd)
 
 
 def kill_and_wait(procs: dict[int, int], timeout_s: float = 5.0) -> list[int]:

@@ -382,7 +382,8 @@ def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
     """SIGTERM, wait for exit (python stubs shut down cleanly), SIGKILL the group if it hangs; then SIGKILL
     (by pid) any stub of its repository still there and remove its /dev/shm files. A pid that is no longer
     this server (start time differs) is never signalled."""
-    from trtpd.serving.stub_watch import kill_and_wait, leftover_stubs, signal_exact
+    from trtpd.process_identity import signal_exact
+    from trtpd.serving.stub_watch import kill_and_wait, leftover_stubs
     if signal_exact(server.pid, server.start_time or None, signal.SIGTERM):
         deadline = time.monotonic() + timeout_s
         while server.is_alive() and time.monotonic() < deadline:

@@ -100,3 +100,14 @@ def test_max_token_chars_bounds_the_token_count_from_the_text_length(tok):
     """A text of n characters has at least n / max_token_chars tokens (the gateway's refusal before tokenizing)."""
     for text in ["the " * 500, corpus.text(200, seed=5), "x" * 3000, "🚀" * 100]:
         assert len(tok.encode(text, add_bos=False)) >= len(text) / tok.max_token_chars
+
+
+def test_a_hugging_face_config_names_eos_and_bos_in_either_form(tok, tmp_path):
+    """transformers writes special tokens in tokenizer_config.json as a string or as an AddedToken dict
+    ({"content": "</s>", ...}, as Llama-2's checkpoints do); both name the id the gateway stops at."""
+    path = tmp_path / "tokenizer.json"
+    tok.save(path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": {"__type": "AddedToken", "content": "<unk>", "special": True}, "bos_token": "</s>"}))
+    loaded = Tokenizer.load(path)
+    assert (loaded.eos_id, loaded.bos_id) == (0, EOS)
