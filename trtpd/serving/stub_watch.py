@@ -268,6 +268,26 @@ def leftover_stubs(repo: str, since: int) -> dict[int, int]:
     return found
 
 
+def leftover_helpers(server_pid: int, server_start: int) -> dict[int, int]:
+    """The guard processes and the reaper (`python -m trtpd.serving.stub_watch guard|reap ...`) of the server
+    `server_pid` that started at `server_start`: pid -> start time. Once that server is stopped and its stubs
+    and /dev/shm files are gone, their work is done; stop_server ends them so none outlives `trtpd down`."""
+    found = {}
+    for pid in all_pids():
+        if pid == os.getpid():
+            continue
+        started = start_time(pid)
+        argv = cmdline(pid).split()
+        if "trtpd.serving.stub_watch" not in argv or started is None:
+            continue
+        at = argv.index("trtpd.serving.stub_watch") + 1
+        args = argv[at:]
+        server_args = args[3:5] if args[:1] == ["guard"] else args[1:3] if args[:1] == ["reap"] else []
+        if server_args == [str(server_pid), str(server_start)] and start_time(pid) == started:
+            found[pid] = started
+    return found
+
+
 def kill_and_wait(procs: dict[int, int], timeout_s: float = 5.0) -> list[int]:
     """SIGKILLs each process (pid -> its start time: a pid that now belongs to another process is spared) and
     waits until they are gone; returns the ones still there after `timeout_s`."""

@@ -380,10 +380,11 @@ def start_until_ready(start: Callable[[ServerPorts | None], ServerProcess], port
 
 def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
     """SIGTERM, wait for exit (python stubs shut down cleanly), SIGKILL the group if it hangs; then SIGKILL
-    (by pid) any stub of its repository still there and remove its /dev/shm files. A pid that is no longer
+    (by pid) any stub of its repository still there, remove its /dev/shm files and end the stubs' guard and
+    reaper processes (a guard notices its stub's exit only at its next poll). A pid that is no longer
     this server (start time differs) is never signalled."""
     from trtpd.process_identity import signal_exact
-    from trtpd.serving.stub_watch import kill_and_wait, leftover_stubs
+    from trtpd.serving.stub_watch import kill_and_wait, leftover_helpers, leftover_stubs
     if signal_exact(server.pid, server.start_time or None, signal.SIGTERM):
         deadline = time.monotonic() + timeout_s
         while server.is_alive() and time.monotonic() < deadline:
@@ -399,6 +400,8 @@ def stop_server(server: ServerProcess, timeout_s: float = 30.0) -> None:
     kill_and_wait(leftover_stubs(server.repo, server.start_time))
     for leftover in SHM_DIR.glob(f"{server.shm_prefix}*"):
         leftover.unlink(missing_ok=True)
+    if server.start_time:               # the stubs' guards and a reaper: their work is done above
+        kill_and_wait(leftover_helpers(server.pid, server.start_time))
 
 
 def _reap(server: ServerProcess) -> None:

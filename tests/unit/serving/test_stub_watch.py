@@ -214,3 +214,32 @@ def test_down_signals_its_own_server(tmp_path, monkeypatch, sleeper):
     dep = deployment.down("ours", timeout_s=5)
     assert dep.note == ""
     assert not stub_watch.is_running(sleeper.pid, started)     # SIGTERMed (and reaped by stop_server)
+
+
+def test_stop_server_ends_the_guards_of_its_stubs(tmp_path, sleeper):
+    """A guard notices its stub's exit only at its next poll (slower under load): `trtpd down` returned in a
+    clean-clone run with a guard still running. stop_server ends the guards of its server, and only those."""
+    stubs = [subprocess.Popen(["sleep", "300"]) for _ in range(2)]
+    other_server = subprocess.Popen(["sleep", "300"])
+    guards = []
+    try:
+        for stub, server_pid in zip(stubs, (sleeper.pid, other_server.pid)):
+            guards.append(subprocess.Popen(
+                [sys.executable, "-m", "trtpd.serving.stub_watch", "guard", str(stub.pid),
+                 str(stub_watch.start_time(stub.pid)), str(server_pid), str(stub_watch.start_time(server_pid)),
+                 str(tmp_path)], env={**os.environ, "TRTPD_SHM_PREFIX": ""}))
+        wait_for(lambda: all("trtpd.serving.stub_watch" in stub_watch.cmdline(g.pid) for g in guards), 10, "guards")
+        for guard in guards:            # between two polls, as long as it takes (a guard cannot end itself now)
+            os.kill(guard.pid, signal.SIGSTOP)
+        ours = stub_watch.leftover_helpers(sleeper.pid, stub_watch.start_time(sleeper.pid))
+        assert list(ours) == [guards[0].pid]
+        server = ServerProcess(sleeper.pid, "127.0.0.1", ServerPorts(1, 2, 3), str(tmp_path / "repo"),
+                               str(tmp_path / "log"), "trtpdunitnone_", "", stub_watch.start_time(sleeper.pid))
+        from trtpd.serving.tritonserver import stop_server
+        stop_server(server, timeout_s=5)
+        assert guards[0].poll() is not None                   # ended by the time stop_server returns
+        assert guards[1].poll() is None                       # another server's guard is spared
+    finally:
+        for proc in (*guards, *stubs, other_server):
+            proc.kill()
+            proc.wait()
