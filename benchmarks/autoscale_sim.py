@@ -2,8 +2,8 @@
 
 Seed 000 5.2: DistServe moves instances between the roles as the prefill:decode load ratio shifts (by day
 many prefill, by night many decode). Each scenario simulates a day/night workload (configs/workloads/
-daynight*.yaml) with the controller's autoscaler (trtpd.controller.autoscale) acting every few seconds,
-and every fixed split within the same budget (trtpd.sim.splits; the autoscaled run starts at the best one).
+daynight*.yaml) with the controller's autoscaler (trtpd.autoscale.core) acting every few seconds,
+and every fixed split within the same budget (trtpd.autoscale.fixed_splits; the autoscaled run starts at the best one).
 Run:
     .venv/bin/python benchmarks/autoscale_sim.py [--startup-s 30]
 """
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from trtpd.catalog import resolve_model
-from trtpd.cli.simulate import compare_autoscaled, load_policy
+from trtpd.autoscale.simulated import compare_autoscaled, load_policy
 from trtpd.perf.hardware import load_hardware
 from trtpd.planner.inputs import load_slo
 from trtpd.sim.cluster_specs import disaggregated_cluster

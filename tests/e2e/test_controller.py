@@ -35,8 +35,8 @@ engines: {{build_root: {build_root}{engines_extra}}}
 roles:
   prefill: {prefill}
   decode: {decode}
-slo: {slo or '{ttft_s: 2.0, itl_s: 0.1, tpot_s: 0.1, attainment: 0.9}'}
-rollout: {rollout or '{canary_share: 0.5, bake_s: 5, min_requests: 6, max_ttft_ratio: 4, max_itl_ratio: 4, drain_timeout_s: 20}'}
+slo: {slo or '{ttft_s: 2.0, tpot_s: 0.1, attainment: 0.9}'}
+rollout: {rollout or '{canary_share: 0.5, bake_s: 5, min_requests: 6, max_ttft_ratio: 4, max_tpot_ratio: 4, drain_timeout_s: 20}'}
 """)
     return path
 
@@ -256,7 +256,7 @@ def test_rollouts_refused_rolled_back_promoted_undone(deployment, fp16_root, fp8
     assert statuses == [(1, "superseded"), (2, "refused"), (3, "rolled_back"), (4, "superseded"), (5, "promoted")]
     assert json.loads(json.dumps(store.revision(5).spec_json)) == store.revision(1).spec_json
     gate = next(e for e in audit("ro", "rollout_rolling_back") if e.revision == 3).detail["gate"]
-    assert gate["canary"]["itl_p_s"] > 0.1 and not gate["passed"]
+    assert gate["canary"]["tpot_p_s"] > 0.1 and not gate["passed"]
     assert trtpd(["history", "ro"]) == 0
     history = capsys.readouterr().out
     for word in ("refused", "rolled_back", "promoted", "rollout_promoting", "rollout_refused", "drained"):
@@ -268,7 +268,7 @@ def test_in_place_change_restarts_nothing(deployment, fp16_root, tmp_path, capsy
     deployment("inplace")
     before = pids("inplace")
     changed = write_spec(tmp_path / "routing.yaml", "inplace", fp16_root,
-                         slo="{ttft_s: 1.5, itl_s: 0.1, tpot_s: 0.1, attainment: 0.9}")
+                         slo="{ttft_s: 1.5, tpot_s: 0.1, attainment: 0.9}")
     text = changed.read_text() + "routing: {balance: round_robin, max_prefill_attempts: 3}\n"
     changed.write_text(text)
     assert trtpd(["rollout", str(changed)]) == 0
@@ -333,7 +333,7 @@ def test_a_killed_controller_and_gateway_are_restarted_audited_and_the_controlle
 
 def test_the_autoscaler_acts_on_live_metrics(deployment):
     # a TTFT SLO no prefill instance can meet: the autoscaler adds one (up to max), under load, losing nothing
-    deployment("auto", slo="{ttft_s: 0.005, itl_s: 0.5, tpot_s: 0.5, attainment: 0.9}",
+    deployment("auto", slo="{ttft_s: 0.005, tpot_s: 0.5, attainment: 0.9}",
                rollout="{drain_timeout_s: 20}")
     spec_path = next(p for p in Path(os.environ["TRTPD_HOME"]).parent.glob("**/auto.yaml"))
     spec_path.write_text(spec_path.read_text() + "autoscaling: {enabled: true, mode: act, interval_s: 1, "

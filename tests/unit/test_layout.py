@@ -131,7 +131,7 @@ IO_MODULES = ("subprocess", "socket", "http.client", "urllib.request", "httpx", 
               "sqlite3", "fastapi", "uvicorn")
 SERVER_FRAMEWORKS = ("fastapi", "uvicorn", "starlette")
 PURE_CORES = ("routing", "sched", "planner", "sim", "perf", "schema", "catalog.py", "controller/reconcile.py",
-              "controller/rollout.py", "controller/autoscale.py")
+              "controller/rollout.py", "autoscale", "percentiles.py")
 ADAPTERS = {   # modules beside the pure cores that do reach out, each named with its reason
     "schema/pbtxt.py": "parses config.pbtxt with tritonclient's protobuf message classes; no I/O",
     "perf/aiconfigurator.py": "runs NVIDIA's AIConfigurator in its own venv (numpy 2) as a subprocess",

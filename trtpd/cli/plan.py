@@ -134,11 +134,11 @@ def run_seed004(args: argparse.Namespace) -> int:
     a.refuse_given(args, SEARCH_ONLY, "not used by --method seed004 (it takes --slo/--ttft-s, --tokens-per-min, "
                                       "--input-tokens, --output-tokens and the seed004 group)")
     from trtpd.planner import seed004
-    from trtpd.planner.inputs import Slo
+    from trtpd.planner.inputs import load_slo
     from trtpd.planner.report import seed004_text
 
     v = {k: getattr(args, k) if getattr(args, k) is not None else d for k, d in SEED004_DEFAULTS.items()}
-    slo = _slo(args) if (args.slo or args.ttft_s) else Slo(ttft_s=2.0, tpot_s=0.020)
+    slo = _slo(args) if (args.slo or args.ttft_s) else load_slo("seed004")     # TTFT 2 s, TPOT 20 ms
     if not args.tokens_per_min:
         raise ConfigError("--method seed004 needs --tokens-per-min (seed 004 states its target that way)")
     formula = seed004.prefill_throughput_under_ttft(v["tp_prefill_max"], v["input_tokens"], slo.ttft_s,

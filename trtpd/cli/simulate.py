@@ -1,19 +1,17 @@
 """`trtpd simulate`: run a workload through a simulated deployment (a plan file, or explicit flags).
 
-With --autoscale, the controller's autoscaler (trtpd.controller.autoscale) runs inside the simulation and is
-compared with the best fixed prefill/decode split under the same budget. The adapter between the two lives
-here: the planner imports the simulator, so trtpd.sim cannot import a core built on the planner's models;
-the simulator calls a plain Scaler callable and this module turns its metrics into a FleetObservation.
+With --autoscale, the controller's autoscaler runs inside the simulation and is compared with the best fixed
+prefill/decode split under the same budget (trtpd.autoscale.simulated; this module parses and prints).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from trtpd.autoscale import POLICY_KEYS
 from trtpd.cli import args as a
 from trtpd.errors import ConfigError
 from trtpd.sim.options import ClusterOptions
@@ -27,10 +25,6 @@ _CLUSTER_FLAGS = (
     ("--colocated-max-num-tokens", a.positive_int), ("--colocated-max-batch-size", a.positive_int),
     ("--kv-link-bytes-per-s", a.positive_float), ("--kv-link-latency-s", a.nonnegative_float),
     ("--bucket-timeout-s", a.nonnegative_float))
-# --autoscale's keys: AutoscalePolicy's fields, per-role ones flat (min_prefill, max_decode, cost_prefill, ...)
-POLICY_KEYS = ("budget", "min_prefill", "min_decode", "max_prefill", "max_decode", "cost_prefill", "cost_decode",
-               "cooldown_s", "scale_up_utilisation", "scale_down_utilisation", "mode", "interval_s", "window_s",
-               "queue_time_share")
 _DERIVED = {"kv_link_bytes_per_s": "from the hardware", "kv_capacity_tokens": "from the perf model",
             "prefill_kv_capacity_tokens": "--kv-capacity-tokens", "decode_kv_capacity_tokens": "--kv-capacity-tokens",
             "num_colocated": "as many instances as the P/D pair's GPUs", "tp_colocated": "--tp-decode",
@@ -182,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
 
 # -- autoscaling: the controller's core inside the simulator ---------------------------------------------------
 def _run_autoscaled(args: argparse.Namespace, cluster, opts, requests, slo, what: str) -> int:
+    from trtpd.autoscale.simulated import comparison_text, compare_autoscaled, load_policy, timeline_text
+
     policy = load_policy(args.autoscale, {"prefill": opts.tp_prefill, "decode": opts.tp_decode}, opts.num_gpus)
     print(f"simulate --autoscale: {what}, {len(requests)} requests over {requests.duration_s:.0f} s, "
           f"SLO TTFT <= {slo.ttft_s * 1e3:.0f} ms, TPOT <= {slo.tpot_s * 1e3:.0f} ms")
@@ -216,153 +212,3 @@ def _roles(values: dict) -> str:
     return ", ".join(f"{role} {value}" for role, value in values.items())
 
 
-def load_policy(spec: str, cost_per_instance: dict[str, int], budget: int | None = None):
-    """--autoscale's value: a YAML file (AutoscalePolicy's fields, or the flat POLICY_KEYS), inline
-    `key=value,...`, or `default`. Defaults: cost = each role's TP (cost_per_instance), budget = `budget`
-    (the CLI passes the cluster's GPUs; else 10 instances' worth), min 1, max what the budget leaves after
-    the other role's minimum."""
-    from trtpd.controller.autoscale import AutoscalePolicy
-    from trtpd.perf.yaml_io import read_yaml
-
-    source = spec
-    if spec == "default":
-        data: dict = {}
-    elif "=" in spec and not Path(spec).is_file():
-        data, source = _inline(spec), "--autoscale"
-    else:
-        raw = read_yaml(Path(spec))
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{spec}: expected a mapping of policy fields, got {type(raw).__name__}")
-        data = _flatten(raw, spec)
-    unknown = sorted(set(data) - set(POLICY_KEYS))
-    if unknown:
-        raise ConfigError(f"{source}: unknown policy key {', '.join(unknown)}; known: {', '.join(POLICY_KEYS)}")
-    roles = ("prefill", "decode")
-    try:
-        cost = {r: int(data.get(f"cost_{r}", cost_per_instance[r])) for r in roles}
-        total = int(data.get("budget", budget if budget is not None else 5 * (cost["prefill"] + cost["decode"])))
-        low = {r: int(data.get(f"min_{r}", 1)) for r in roles}
-        high = {r: int(data.get(f"max_{r}", (total - low[o] * cost[o]) // cost[r])) for r, o in zip(roles, roles[::-1])}
-        scalars = {k: (str(data[k]) if k == "mode" else float(data[k])) for k in
-                   ("cooldown_s", "scale_up_utilisation", "scale_down_utilisation", "mode", "interval_s",
-                    "window_s", "queue_time_share") if k in data}
-        return AutoscalePolicy(low, high, total, cost, **scalars)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-
-
-def _inline(spec: str) -> dict:
-    data = {}
-    for item in spec.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--autoscale {spec!r}: expected key=value pairs separated by commas, e.g. "
-                              f"budget=10,cooldown_s=60")
-        data[key.strip()] = value.strip()
-    return data
-
-
-def _flatten(raw: dict, source: str) -> dict:
-    """A YAML policy with AutoscalePolicy's nested role fields -> the flat keys."""
-    data = dict(raw)
-    for nested, flat in (("min_instances", "min"), ("max_instances", "max"), ("cost_per_instance", "cost")):
-        if nested in data:
-            value = data.pop(nested)
-            if not isinstance(value, dict):
-                raise ConfigError(f"{source}: {nested} must map prefill and decode to integers")
-            data.update({f"{flat}_{role}": count for role, count in value.items()})
-    return data
-
-
-def role_perf(cluster) -> dict:
-    """The autoscaler's view of a simulated cluster's roles (one definition, shared with the live controller)."""
-    from trtpd.controller.autoscaling import role_perf as perf
-    return perf(cluster)
-
-
-def fleet_observation(metrics, slo):
-    """What the simulator measured, as the autoscaler's input: TTFT judges prefill, ITL (TPOT) decode."""
-    from trtpd.controller.autoscale import FleetObservation, RoleObservation
-
-    roles = {}
-    for role, m in metrics.roles.items():
-        roles[role] = RoleObservation(role, m.num_ready + m.num_starting, m.waiting_requests, m.queue_time_p90_s,
-                                      metrics.ttft_p90_s if role == "prefill" else None,
-                                      metrics.tpot_p90_s if role == "decode" else None, m.busy_share,
-                                      m.num_draining)
-    return FleetObservation(metrics.now_s, metrics.arrival_rate_per_s, metrics.mean_input_tokens,
-                            metrics.mean_output_tokens, roles, slo.ttft_s, slo.tpot_s)
-
-
-class SimAutoscaler:
-    """A trtpd.sim.scaling.Scaler that asks the controller's Autoscaler; keeps every decision."""
-
-    def __init__(self, autoscaler, slo) -> None:
-        self.autoscaler = autoscaler
-        self.slo = slo
-        self.decisions: list = []
-
-    def __call__(self, metrics):
-        decision = self.autoscaler.decide(fleet_observation(metrics, self.slo))
-        self.decisions.append(decision)
-        return decision.counts if decision.applied else None
-
-
-@dataclass
-class AutoscaleComparison:
-    autoscaled: object                 # trtpd.sim.splits.SplitResult of the autoscaled run (its starting counts)
-    best_fixed: object                 # SplitResult
-    fixed: list = field(default_factory=list)        # the fixed splits simulated
-    num_splits: int = 0                               # the fixed splits within the budget
-    decisions: list = field(default_factory=list)    # trtpd.controller.autoscale.ScaleDecision, every call
-    run: object = None                 # the autoscaled SimRun
-
-
-def compare_autoscaled(cluster, requests, policy, slo, startup_s: float = 30.0, start=None,
-                       exhaustive: bool = False) -> AutoscaleComparison:
-    """The best fixed split within the policy's budget and limits, then the autoscaled run starting from
-    `start` (default: that best split, so an autoscaler that never acts scores exactly the best fixed one)."""
-    from trtpd.controller.autoscale import Autoscaler
-    from trtpd.sim.scaling import ScalingOptions
-    from trtpd.sim.simulator import default_max_in_system, simulate
-    from trtpd.sim.splits import best_split, measure, search_splits, splits_within, with_counts
-
-    splits = splits_within(policy.budget, policy.cost_per_instance, policy.min_instances, policy.max_instances)
-    fixed = search_splits(cluster, requests, splits, slo.ttft_s, slo.tpot_s, exhaustive)
-    best = best_split(fixed)
-    num_p, num_d = start or (best.num_prefill, best.num_decode)
-    scaler = SimAutoscaler(Autoscaler(policy, role_perf(cluster)), slo)
-    scaling = ScalingOptions(policy.interval_s, policy.window_s, startup_s)
-    biggest = with_counts(cluster, policy.max_instances["prefill"], policy.max_instances["decode"])
-    run = simulate(with_counts(cluster, num_p, num_d), requests, max_in_system=default_max_in_system(biggest),
-                   scaler=scaler, scaling=scaling)
-    return AutoscaleComparison(measure(run, num_p, num_d, slo.ttft_s, slo.tpot_s), best, fixed, len(splits),
-                               scaler.decisions, run)
-
-
-def timeline_text(decisions: list, mode: str) -> str:
-    changes = [d for d in decisions if d.changed]
-    note = "" if mode == "act" else " (observe mode: computed, not applied)"
-    lines = [f"  timeline{note}: {len(changes)} decisions changed a count, of {len(decisions)}"]
-    for d in changes:
-        before = {r: d.changed[r][0] if r in d.changed else n for r, n in d.counts.items()}
-        why = " | ".join(f"{r}: {d.reasons[r]}" for r in d.changed)
-        lines.append(f"  {d.now_s:8.1f} s  {_split_label(before)} -> {_split_label(d.counts):<8} {why}")
-    return "\n".join(lines)
-
-
-def _split_label(counts: dict) -> str:
-    return f"{counts.get('prefill', 0)}P{counts.get('decode', 0)}D"
-
-
-def comparison_text(result: AutoscaleComparison) -> str:
-    head = f"  {'':<22} {'attainment':>10} {'goodput/s':>10} {'instance-s':>11} {'TTFT P90':>10} {'TPOT P90':>10}"
-    rows = [head]
-    for label, r in ((f"autoscaled (from {result.autoscaled.label})", result.autoscaled),
-                     (f"best fixed {result.best_fixed.label}", result.best_fixed)):
-        s = r.summary
-        goodput = s.goodput_per_s if s.goodput_per_s is not None and math.isfinite(s.goodput_per_s) else 0.0
-        rows.append(f"  {label:<22} {r.attainment:>10.1%} {goodput:>10.2f} {r.instance_s:>11.0f} "
-                    f"{s.ttft_s.p90 * 1e3:>8.0f}ms {s.tpot_s.p90 * 1e3:>8.1f}ms"
-                    + (f"  ({s.num_unfinished} unfinished)" if s.num_unfinished else ""))
-    return "\n".join(rows)

@@ -54,12 +54,11 @@ class Controller:
         return int(self.store.get("stable_revision", 0))
 
     def policies(self, spec: DeploymentSpec) -> tuple[ReconcilePolicy, RolloutPolicy]:
-        r, slo = spec.rollout, spec.slo
+        r = spec.rollout
         return (ReconcilePolicy(start_timeout_s=r.start_timeout_s, drain_timeout_s=r.drain_timeout_s),
                 RolloutPolicy(canary_share=r.canary_share, bake_s=r.bake_s, min_requests=r.min_requests,
-                              max_ttft_ratio=r.max_ttft_ratio, max_itl_ratio=r.max_itl_ratio,
-                              max_error_rate=r.max_error_rate, percentile=slo.attainment * 100,
-                              slo_ttft_s=slo.ttft_s, slo_itl_s=slo.itl_s))
+                              max_ttft_ratio=r.max_ttft_ratio, max_tpot_ratio=r.max_tpot_ratio,
+                              max_error_rate=r.max_error_rate, slo=spec.slo))
 
     # ---- one pass -----------------------------------------------------------------------------
     def tick(self) -> list[Action]:
@@ -114,20 +113,19 @@ class Controller:
 
     def _autoscale(self, spec: DeploymentSpec, stable: int, table: list[InstanceRow], now: float) -> None:
         """One autoscaler decision from the fleet's last window; applied (act) or recorded only (observe)."""
-        from trtpd.controller.autoscaling import live_autoscaler, observe
+        from trtpd.autoscale.live import live_autoscaler, observe
 
         if self._autoscaler is None or self._autoscaler[0] != stable:
             self._autoscaler = (stable, (self.autoscaler_for or live_autoscaler)(spec))
         autoscaler = self._autoscaler[1]
         window = autoscaler.policy.window_s
-        obs = observe(now, window, self.samples(now - window), self.health(), table, spec.slo.ttft_s,
-                      spec.slo.itl_s, spec.slo.attainment)
+        obs = observe(now, window, self.samples(now - window), self.health(), table, spec.slo)
         decision = autoscaler.decide(obs)
         if not decision.changed:
             return
         seen = {"rate_per_s": round(obs.arrival_rate_per_s, 3), "mean_input_tokens": round(obs.mean_input_tokens, 1),
                 "mean_output_tokens": round(obs.mean_output_tokens, 1),
-                "ttft_p_s": obs.roles["prefill"].ttft_p90_s, "itl_p_s": obs.roles["decode"].itl_p90_s,
+                "ttft_p_s": obs.roles["prefill"].ttft_p_s, "tpot_p_s": obs.roles["decode"].tpot_p_s,
                 "waiting": {r: o.waiting_requests for r, o in obs.roles.items()}}
         detail = {"counts": decision.counts, "changed": {r: list(v) for r, v in decision.changed.items()},
                   "reasons": decision.reasons, "needed": {r: round(v, 3) for r, v in decision.needed.items()},

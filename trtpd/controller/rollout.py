@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from trtpd.controller.types import InstanceRow, TrafficSplit
+from trtpd.percentiles import quantile
+from trtpd.schema.slo import Slo
 
 PHASES = ("canary", "baking", "promoting", "rolling_back", "done", "rolled_back")
 TERMINAL = ("done", "rolled_back")
@@ -33,12 +35,10 @@ class RolloutPolicy:
     canary_share: float = 0.25
     bake_s: float = 20.0
     min_requests: int = 10
-    max_ttft_ratio: float = 1.5      # canary TTFT pP <= this x stable's
-    max_itl_ratio: float = 1.5
+    max_ttft_ratio: float = 1.5      # canary TTFT pP <= this x stable's (P: the SLO's attainment)
+    max_tpot_ratio: float = 1.5
     max_error_rate: float = 0.0
-    percentile: float = 90.0         # the SLO's attainment as a percentile
-    slo_ttft_s: float = 2.0
-    slo_itl_s: float = 0.2
+    slo: Slo = field(default_factory=Slo)
 
 
 @dataclass(frozen=True)
@@ -78,37 +78,29 @@ def start_rollout(revision: int, stable_revision: int, changed_roles: tuple[str,
                    "canary", now_s, now_s)
 
 
-def percentile(values: list[float], p: float) -> float | None:
-    """Nearest-rank percentile (None for no values)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * p // 100))
-    return ordered[int(min(rank, len(ordered))) - 1]
-
-
 def gate(canary: list[dict], stable: list[dict], policy: RolloutPolicy) -> dict:
     """Canary cohort vs stable cohort (samples as the gateway's GET /admin/requests gives them):
-    passed only if the canary's error rate, TTFT pP and ITL pP (of each request's P90 gap) meet the SLO and
+    passed only if the canary's error rate, TTFT pP and TPOT pP (P: the SLO's attainment) meet the SLO and
     are within the allowed ratio of the stable cohort's (when the stable cohort has min_requests too)."""
+    q = policy.slo.attainment
+
     def measure(samples: list[dict]) -> dict:
         judged = [s for s in samples if s.get("error_kind") != "cancelled"]
         errors = [s for s in judged if s.get("error_kind") in SERVER_ERRORS]
         ok = [s for s in judged if s.get("ok")]
         return {"requests": len(judged), "errors": len(errors),
                 "error_rate": round(len(errors) / len(judged), 4) if judged else 0.0,
-                "ttft_p_s": percentile([s["ttft_s"] for s in ok if s.get("ttft_s") is not None], policy.percentile),
-                "itl_p_s": percentile([s["itl_p90_s"] for s in ok if s.get("itl_p90_s") is not None],
-                                      policy.percentile)}
+                "ttft_p_s": quantile([s.get("ttft_s") for s in ok], q),
+                "tpot_p_s": quantile([s.get("tpot_s") for s in ok], q)}
 
     c, s = measure(canary), measure(stable)
     failures = []
     if c["error_rate"] > policy.max_error_rate:
         failures.append(f"canary error rate {c['error_rate']:.3f} > max_error_rate {policy.max_error_rate:g} "
                         f"({c['errors']} of {c['requests']})")
-    p = f"p{policy.percentile:g}"
-    for metric, slo, ratio in (("ttft", policy.slo_ttft_s, policy.max_ttft_ratio),
-                               ("itl", policy.slo_itl_s, policy.max_itl_ratio)):
+    p = f"p{q * 100:g}"
+    for metric, slo, ratio in (("ttft", policy.slo.ttft_s, policy.max_ttft_ratio),
+                               ("tpot", policy.slo.tpot_s, policy.max_tpot_ratio)):
         value, base = c[f"{metric}_p_s"], s[f"{metric}_p_s"]
         if value is None:
             continue

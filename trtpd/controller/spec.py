@@ -26,6 +26,7 @@ from trtpd.repo.reference import check_pair
 from trtpd.routing.core import RoutingPolicy
 from trtpd.schema.manifest import engine_folder_name, load_manifest
 from trtpd.schema.plan import Plan, load_plan
+from trtpd.schema.slo import Slo
 
 HEADER = "# trtpd deployment spec (schema: trtpd/controller/spec.py, configs/deployments/README.md)\n"
 MODE_ROLES = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}
@@ -70,13 +71,6 @@ class RoutingSpec(_Strict):
     spill_to_longer_buckets: bool = False
 
 
-class SloSpec(_Strict):
-    ttft_s: float = Field(2.0, gt=0)
-    itl_s: float = Field(0.2, gt=0)
-    tpot_s: float = Field(0.1, gt=0)
-    attainment: float = Field(0.9, gt=0, le=1)
-
-
 class GatewaySpec(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(0, ge=0, le=65535)        # 0: a free port, kept across gateway restarts
@@ -111,7 +105,14 @@ class RolloutSpec(_Strict):
     bake_s: float = Field(20.0, ge=0)
     min_requests: int = Field(10, ge=0)
     max_ttft_ratio: float = Field(1.5, gt=0)
-    max_itl_ratio: float = Field(1.5, gt=0)
+    max_tpot_ratio: float = Field(1.5, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_itl(cls, data):
+        if isinstance(data, dict) and "max_itl_ratio" in data:
+            raise ValueError("max_itl_ratio: the gate judges decode by TPOT (as the SLO does); use max_tpot_ratio")
+        return data
     max_error_rate: float = Field(0.0, ge=0, le=1)
     drain_timeout_s: float = Field(30.0, gt=0)
     start_timeout_s: float = Field(180.0, gt=0)
@@ -130,7 +131,7 @@ class DeploymentSpec(_Strict):
     roles: RolesSpec
     plan: Path | None = None
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
-    slo: SloSpec = Field(default_factory=SloSpec)
+    slo: Slo = Field(default_factory=Slo)      # trtpd.schema.slo: the one SLO type (decode judged by TPOT)
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)

@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from trtpd.gateway.connections import ConnectionLimits
+from trtpd.schema.slo import Slo
 
 LIMITS = ConnectionLimits()
 
@@ -40,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="per stream: chunks generated ahead of a client that does not read; beyond, it is cancelled")
     p.add_argument("--stream-buffer-bytes", type=int, default=LIMITS.stream_buffer_bytes,
                    help="per connection: the socket send buffer and the write buffer before the client must read")
-    p.add_argument("--slo-ttft-s", type=float, default=1.0, help="TTFT target for live goodput")
-    p.add_argument("--slo-tpot-s", type=float, default=0.1, help="TPOT target for live goodput")
+    p.add_argument("--slo-ttft-s", type=float, default=Slo().ttft_s,
+                   help="TTFT target for live goodput (default: trtpd's SLO default, %(default)s)")
+    p.add_argument("--slo-tpot-s", type=float, default=Slo().tpot_s,
+                   help="TPOT target for live goodput (default: trtpd's SLO default, %(default)s)")
     p.add_argument("--wait-for-instance-s", type=float, default=15.0,
                    help="a request that finds no ready instance of a role it needs waits this long for one (a "
                         "replacement being started by the controller) before it gets 503; 0 for a fleet that no "

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtpd.schema.slo import Slo
+
 
 @dataclass(frozen=True)
 class InstanceTarget:
@@ -37,8 +39,7 @@ class GatewayConfig:
     max_buffered_chunks: int = 256   # a stream's chunks waiting for a client that does not read: beyond, cancelled
     default_max_tokens: int = 16     # OpenAI's default for completions; chat uses the room left, capped
     chat_max_tokens_cap: int = 256
-    slo_ttft_s: float = 1.0          # live goodput: requests meeting both
-    slo_tpot_s: float = 0.1
+    slo: Slo = field(default_factory=Slo)   # live goodput: requests meeting both TTFT and TPOT
     poll_interval_s: float = 0.2     # instance load probes
     wait_for_instance_s: float = 15.0   # a request finding no ready instance of a role waits this long (healing)
     fleet_file: Path | None = None   # re-read when it changes: instances added/removed, drains, canary, routing

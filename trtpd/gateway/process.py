@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trtpd.errors import ConfigError
+from trtpd.schema.slo import Slo
 
 
 def serve(args) -> None:
@@ -39,8 +40,9 @@ def serve(args) -> None:
                               request_read_timeout_s=args.request_read_timeout_s, send_timeout_s=args.send_timeout_s,
                               stream_buffer_bytes=args.stream_buffer_bytes)
     config = from_fleet_file(args.fleet_file, host=args.host, api_keys=keys,
-                             max_inflight=args.max_inflight, max_queued=args.max_queued, slo_ttft_s=args.slo_ttft_s,
-                             slo_tpot_s=args.slo_tpot_s, wait_for_instance_s=args.wait_for_instance_s,
+                             max_inflight=args.max_inflight, max_queued=args.max_queued,
+                             slo=Slo(ttft_s=args.slo_ttft_s, tpot_s=args.slo_tpot_s),
+                             wait_for_instance_s=args.wait_for_instance_s,
                              max_body_bytes=args.max_body_bytes, max_buffered_chunks=args.max_buffered_chunks)
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted sockets only for sockets that say so,
     # and without it a keep-alive client waits ~40 ms per response (Nagle against delayed ACKs)

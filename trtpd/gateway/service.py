@@ -17,6 +17,7 @@ from trtpd.gateway.metrics import PHASES, GatewayMetrics
 from trtpd.gateway.orchestrator import FleetOrchestrator
 from trtpd.gateway.role_client import RoleClient
 from trtpd.gateway.timing import RequestTiming
+from trtpd.percentiles import quantile
 from trtpd.routing.cohorts import Cohort, Split
 from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 
@@ -232,7 +233,7 @@ class FleetService:
                num_prompt_tokens: int = 0, perf: dict[str, float] | None = None) -> None:
         """One finished request for the controller's gate and autoscaler (wall-clock time, so the controller can
         window it)."""
-        gaps = sorted(timing.gaps_s)
+        gaps = timing.gaps_s
         perf = perf or {}
         self.samples.append({
             "t": time.time(), "revision": revision, "ok": error_kind is None, "error_kind": error_kind,
@@ -240,9 +241,7 @@ class FleetService:
             "num_prompt_tokens": num_prompt_tokens,
             "prefill_queue_s": perf["prefill_queue_ms"] / 1000 if "prefill_queue_ms" in perf else None,
             "decode_queue_s": perf["decode_queue_ms"] / 1000 if "decode_queue_ms" in perf else None,
-            "itl_p50_s": gaps[len(gaps) // 2] if gaps else None,
-            "itl_p90_s": gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))] if gaps else None,
-            "itl_max_s": gaps[-1] if gaps else None,
+            "itl_p50_s": quantile(gaps, 0.5), "itl_p90_s": quantile(gaps, 0.9), "itl_max_s": max(gaps, default=None),
             "prefill_instance": instances[0], "decode_instance": instances[1]})
 
     def samples_since(self, since_s: float) -> list[dict]:
@@ -266,5 +265,5 @@ class FleetService:
         if "kv_transfer_ms" in perf:
             m.kv_seconds.observe(perf["kv_transfer_ms"] / 1000.0)
         m.finished.inc()
-        if timing.meets(self.config.slo_ttft_s, self.config.slo_tpot_s):
+        if timing.meets(self.config.slo):
             m.slo_met.inc()

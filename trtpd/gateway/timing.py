@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trtpd.schema.slo import Slo
+
 
 @dataclass
 class RequestTiming:
@@ -31,7 +33,7 @@ class RequestTiming:
     def worst_stall_s(self) -> float:
         return max(self.gaps_s, default=0.0)
 
-    def meets(self, ttft_slo_s: float, tpot_slo_s: float) -> bool:
-        """DistServe's goodput criterion: both the TTFT and the TPOT target met."""
+    def meets(self, slo: Slo) -> bool:
+        """DistServe's goodput criterion: both the TTFT and the TPOT target met (a one-token answer has no TPOT)."""
         ttft, tpot = self.ttft_s, self.tpot_s
-        return ttft is not None and ttft <= ttft_slo_s and (tpot is None or tpot <= tpot_slo_s)
+        return ttft is not None and ttft <= slo.ttft_s and (tpot is None or tpot <= slo.tpot_s)

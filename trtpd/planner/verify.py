@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from trtpd.percentiles import quantile
 from trtpd.planner.candidates import DecodeCandidate, PrefillCandidate
 from trtpd.planner.inputs import Slo
 from trtpd.planner.role_models import KvLinkModel
@@ -83,8 +84,7 @@ def _trial(counts: Counts, run: SimRun, slo: Slo, warmup_s: float) -> Trial:
     tpot = lat.tpot_s[~np.isnan(lat.tpot_s)]
     attainment = summary.slo_attainment or 0.0
     return Trial(counts, summary, attainment, attainment >= slo.attainment,
-                 float(np.quantile(ttft, slo.attainment)),
-                 float(np.quantile(tpot, slo.attainment)) if len(tpot) else 0.0,
+                 quantile(ttft, slo.attainment), quantile(tpot, slo.attainment) if len(tpot) else 0.0,
                  float(np.mean(ttft > slo.ttft_s)), float(np.mean(tpot > slo.tpot_s)) if len(tpot) else 0.0, run)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trtpd.errors import ConfigError
+from trtpd.percentiles import SUMMARY_QUANTILES, quantile
 
 STATS_SAMPLES = 50_000
 
@@ -47,7 +48,7 @@ class LengthStats:
 
 def stats_of(samples: np.ndarray) -> LengthStats:
     x = samples.astype(np.float64)
-    p50, p90, p99 = np.quantile(x, [0.5, 0.9, 0.99])
+    p50, p90, p99 = (quantile(x, q) for q in SUMMARY_QUANTILES)
     return LengthStats(float(x.mean()), float((x * x).mean()), float(p50), float(p90), float(p99), float(x.max()))
 
 

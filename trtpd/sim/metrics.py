@@ -13,25 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trtpd.percentiles import Percentiles, percentiles  # noqa: F401 - re-exported
 from trtpd.sim.attainment import measured_end_index, measured_start_index
 from trtpd.sim.simulator import SimRun
-
-PERCENTILES = (50, 90, 99)
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-
-    def at(self, percentile: float) -> float:
-        return {50: self.p50, 90: self.p90, 99: self.p99}.get(percentile, self.p90)
-
-    def as_dict(self) -> dict[str, float]:
-        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
-
 
 @dataclass(frozen=True)
 class TtftBreakdown:
@@ -54,20 +38,6 @@ class SimSummary:
     throughput_requests_per_s: float
     throughput_tokens_per_s: float
     ttft_breakdown: TtftBreakdown | None
-
-
-def percentiles(values) -> Percentiles:
-    """Mean, P50, P90, P99 (numpy's linear interpolation) of `values`, leaving out None and NaN; all NaN
-    when nothing is left. The one percentile function: the simulator's and the bench tool's summaries use it."""
-    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
-        x = values.ravel()
-    else:
-        x = np.asarray([v for v in values if v is not None], dtype=float)
-    x = x[~np.isnan(x)]
-    if not len(x):
-        return Percentiles(float("nan"), float("nan"), float("nan"), float("nan"))
-    p50, p90, p99 = np.percentile(x, PERCENTILES)
-    return Percentiles(float(x.mean()), float(p50), float(p90), float(p99))
 
 
 @dataclass(frozen=True)

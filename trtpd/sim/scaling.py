@@ -2,10 +2,10 @@
 
 Every `interval_s` of simulated time the simulator measures what a live controller reads from the fleet's
 metrics (FleetMetrics: arrivals and their lengths over a window, the gateway's TTFT and TPOT, each role's
-waiting requests, queue times and busy share) and calls a Scaler, which answers target instance counts per
-role. The scaler is a callable so that this package need not know who decides (trtpd.controller.autoscale,
-through an adapter in trtpd.cli.simulate: the planner imports the simulator, so the simulator cannot import
-a core that uses the planner's models).
+waiting requests, queue times and busy share; latencies at `quantile`, the SLO's attainment) and calls a
+Scaler, which answers target instance counts per role. The scaler is a callable so that this package need
+not know who decides (trtpd.autoscale.core, through trtpd.autoscale.simulated: the planner imports the
+simulator, so the simulator cannot import a core that uses the planner's models).
 
 An instance's life: created (it holds its devices from then on) -> ready after `startup_s` (the router gets
 it) -> draining (the router sends it nothing new) -> removed once it holds no work. A starting instance that
@@ -21,10 +21,10 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
+from trtpd.percentiles import quantile
 from trtpd.sim.records import RequestRecords
 
 LOOKBACK_WINDOWS = 4   # requests still queued are looked for among those arrived in the last 4 windows
-QUANTILE = 0.9
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,15 @@ class ScalingOptions:
     interval_s: float = 10.0      # a scaler call every this much simulated time
     window_s: float = 30.0        # rates, means and percentiles over this much history
     startup_s: float = 30.0       # an added instance takes requests this long after it starts (loading)
+    quantile: float = 0.9         # latencies are measured at this quantile (the SLO's attainment)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.window_s <= 0:
             raise ValueError(f"interval_s and window_s must be positive, got {self.interval_s} and {self.window_s}")
         if self.startup_s < 0:
             raise ValueError(f"startup_s must be >= 0, got {self.startup_s}")
+        if not 0 < self.quantile < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {self.quantile}")
 
 
 @dataclass
@@ -79,7 +82,7 @@ class RoleMetrics:
     num_starting: int
     num_draining: int
     waiting_requests: int          # queued at the role's instances, not yet in a batch
-    queue_time_p90_s: float | None   # waits that ended in the window and the ages of those still waiting
+    queue_time_p_s: float | None     # waits that ended in the window and the ages of those still waiting
     busy_share: float              # share of the last interval its ready and draining instances computed
 
 
@@ -90,8 +93,8 @@ class FleetMetrics:
     num_arrivals: int
     mean_input_tokens: float
     mean_output_tokens: float      # requested lengths of the window's arrivals (the gateway's max_tokens)
-    ttft_p90_s: float | None       # of the first tokens sent in the window
-    tpot_p90_s: float | None       # of the requests finished in the window
+    ttft_p_s: float | None         # of the first tokens sent in the window
+    tpot_p_s: float | None         # of the requests finished in the window
     roles: dict[str, RoleMetrics]
 
     @property
@@ -110,14 +113,14 @@ class WindowLatencies:
     num_arrivals: int
     mean_input_tokens: float
     mean_output_tokens: float
-    ttft_p90_s: float | None
-    tpot_p90_s: float | None
-    prefill_queue_p90_s: float | None   # arrival -> prefill batch (colocated: -> its step)
-    decode_queue_p90_s: float | None    # prefill done -> decode admitted it
+    ttft_p_s: float | None
+    tpot_p_s: float | None
+    prefill_queue_p_s: float | None     # arrival -> prefill batch (colocated: -> its step)
+    decode_queue_p_s: float | None      # prefill done -> decode admitted it
 
 
-def window_latencies(records: RequestRecords, now_s: float, window_s: float,
-                     response_latency_s: float = 0.0) -> WindowLatencies:
+def window_latencies(records: RequestRecords, now_s: float, window_s: float, response_latency_s: float = 0.0,
+                     q: float = 0.9) -> WindowLatencies:
     arrival = records.arrival_s
     start_s = now_s - window_s
     lo = bisect.bisect_left(arrival, now_s - LOOKBACK_WINDOWS * window_s)
@@ -141,9 +144,5 @@ def window_latencies(records: RequestRecords, now_s: float, window_s: float,
     num_new = hi - first_new
     inputs, outputs = records.input_tokens[first_new:hi], records.output_tokens[first_new:hi]
     return WindowLatencies(num_new, sum(inputs) / num_new if num_new else 0.0,
-                           sum(outputs) / num_new if num_new else 0.0, _p90(ttft), _p90(tpot),
-                           _p90(prefill_wait), _p90(decode_wait))
-
-
-def _p90(x: np.ndarray) -> float | None:
-    return float(np.quantile(x, QUANTILE)) if len(x) else None
+                           sum(outputs) / num_new if num_new else 0.0, quantile(ttft, q), quantile(tpot, q),
+                           quantile(prefill_wait, q), quantile(decode_wait, q))

@@ -218,7 +218,7 @@ class Simulator:
         shares are over the time since the previous call."""
         first_s = self.requests.arrival_s[0] if len(self.requests) else 0.0
         window_s = min(self.scaling.window_s, max(now_s - first_s, 1e-9))
-        w = window_latencies(self.records, now_s, window_s, self.cluster.response_latency_s)
+        w = window_latencies(self.records, now_s, window_s, self.cluster.response_latency_s, self.scaling.quantile)
         roles = {}
         for role in self.fleet.roles:
             held = self.fleet.of_state(role, "ready") + self.fleet.of_state(role, "draining")
@@ -228,13 +228,13 @@ class Simulator:
                 busy += busy_s - self._busy_at_tick.get(life.name, 0.0)
                 self._busy_at_tick[life.name] = busy_s
             waiting = sum(_num_waiting(self._by_name[life.name]) for life in held)
-            queue_s = w.decode_queue_p90_s if role == "decode" else w.prefill_queue_p90_s
+            queue_s = w.decode_queue_p_s if role == "decode" else w.prefill_queue_p_s
             roles[role] = RoleMetrics(role, len(self.fleet.of_state(role, "ready")),
                                       len(self.fleet.of_state(role, "starting")),
                                       len(self.fleet.of_state(role, "draining")), waiting, queue_s,
                                       min(1.0, busy / (self.scaling.interval_s * max(1, len(held)))))
         return FleetMetrics(now_s, window_s, w.num_arrivals, w.mean_input_tokens, w.mean_output_tokens,
-                            w.ttft_p90_s, w.tpot_p90_s, roles)
+                            w.ttft_p_s, w.tpot_p_s, roles)
 
     # -- run ---------------------------------------------------------------------------------------
     def run_until_decided(self, watch: AttainmentWatch) -> bool:

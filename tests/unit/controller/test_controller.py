@@ -128,13 +128,13 @@ def test_scale_refusals_name_the_problem(rig, tmp_path, fp16_root):
     assert store.get("counts") == {"prefill": 1, "decode": 1}
 
 
-def sample(t, revision, ttft=0.1, itl=0.02):
-    return {"t": t, "revision": revision, "ok": True, "error_kind": None, "ttft_s": ttft, "itl_p90_s": itl,
+def sample(t, revision, ttft=0.1, tpot=0.02):
+    return {"t": t, "revision": revision, "ok": True, "error_kind": None, "ttft_s": ttft, "tpot_s": tpot,
             "num_tokens": 16, "num_prompt_tokens": 40, "prefill_queue_s": 0.01, "decode_queue_s": 0.0}
 
 
-@pytest.mark.parametrize("canary_itl, outcome", [(0.02, "promoted"), (0.5, "rolled_back")])
-def test_rollout_promotes_or_rolls_back_on_the_gate(rig, tmp_path, fp16_root, canary_itl, outcome):
+@pytest.mark.parametrize("canary_tpot, outcome", [(0.02, "promoted"), (0.5, "rolled_back")])
+def test_rollout_promotes_or_rolls_back_on_the_gate(rig, tmp_path, fp16_root, canary_tpot, outcome):
     store, clock, ex, samples, apply, make = rig
     apply(spec_file(tmp_path, fp16_root))
     c = make()
@@ -147,7 +147,7 @@ def test_rollout_promotes_or_rolls_back_on_the_gate(rig, tmp_path, fp16_root, ca
     canary = next(n for n, i in ex.instances.items() if i["revision"] == new)
     assert ex.traffic.canary_instances == (canary,) and ex.instances[canary]["shape"].max_batch_size == 32
     for k in range(6):
-        samples += [sample(clock.now + k, new, itl=canary_itl), sample(clock.now + k, 1)]
+        samples += [sample(clock.now + k, new, tpot=canary_tpot), sample(clock.now + k, 1)]
     run(c, clock, 36)     # bake_s 10 s, then promotion (or roll back) and the drains
     assert store.revision(new).status == outcome
     assert store.get("rollout")["phase"] == ("done" if outcome == "promoted" else "rolled_back")
@@ -171,7 +171,7 @@ def test_in_place_rollout_restarts_nothing(rig, tmp_path, fp16_root):
 
 
 AUTOSCALE = ("autoscaling: {enabled: true, mode: MODE, interval_s: 1, cooldown_s: 0, min: {prefill: 1, decode: 1}, "
-             "max: {prefill: 2, decode: 2}, budget_cpus: 4}\nslo: {ttft_s: 0.5, itl_s: 0.2, tpot_s: 0.1}\n")
+             "max: {prefill: 2, decode: 2}, budget_cpus: 4}\nslo: {ttft_s: 0.5, tpot_s: 0.1}\n")
 
 
 @pytest.mark.parametrize("mode", ["act", "observe"])

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from trtpd.controller.rollout import RolloutPolicy, gate, percentile, start_rollout, step
+from trtpd.controller.rollout import RolloutPolicy, gate, start_rollout, step
 from trtpd.controller.types import InstanceRow
 from trtpd.routing.cohorts import Split
+from trtpd.schema.slo import Slo
 
-POLICY = RolloutPolicy(canary_share=0.25, bake_s=10, min_requests=4, max_ttft_ratio=1.5, max_itl_ratio=1.5,
-                       max_error_rate=0.0, percentile=90, slo_ttft_s=1.0, slo_itl_s=0.1)
+POLICY = RolloutPolicy(canary_share=0.25, bake_s=10, min_requests=4, max_ttft_ratio=1.5, max_tpot_ratio=1.5,
+                       max_error_rate=0.0, slo=Slo(ttft_s=1.0, tpot_s=0.1, attainment=0.9))
 
 
 def row(name, state, revision, reason=""):
     return InstanceRow(name, name.rsplit("-", 1)[0], revision, state, 0.0, reason, {})
 
 
-def sample(revision, ttft=0.1, itl=0.02, error=None):
-    return {"revision": revision, "ok": error is None, "error_kind": error, "ttft_s": ttft, "itl_p90_s": itl}
+def sample(revision, ttft=0.1, tpot=0.02, error=None):
+    return {"revision": revision, "ok": error is None, "error_kind": error, "ttft_s": ttft, "tpot_s": tpot}
 
 
 def decode_rollout(now=0.0, new_decode=1):
@@ -65,7 +66,7 @@ def test_gate_waits_for_bake_time_and_min_requests_then_promotes():
 
 
 @pytest.mark.parametrize("canary, reason", [
-    ([sample(2, itl=0.15)] * 5, "ITL p90 150.0 ms > SLO 100 ms"),
+    ([sample(2, tpot=0.15)] * 5, "TPOT p90 150.0 ms > SLO 100 ms"),
     ([sample(2, ttft=0.5)] * 5, "TTFT p90 500.0 ms > 1.5 x stable's 100.0 ms"),
     ([sample(2)] * 4 + [sample(2, error="internal")], "error rate 0.200"),
 ])
@@ -154,8 +155,3 @@ def test_canary_share_is_exact_over_any_window(share):
         window = picks[start:start + 100]
         assert abs(sum(window) - 100 * share) <= 1
     assert Split(1, 0, 0.5).revision_for(3) == 1   # no canary: all stable
-
-
-def test_percentile_is_nearest_rank():
-    assert percentile([5, 1, 4, 2, 3], 90) == 5 and percentile([5, 1, 4, 2, 3], 50) == 3
-    assert percentile([], 90) is None

@@ -70,7 +70,7 @@ def test_defaults_fill_every_optional_section(tmp_path):
     s = load_spec(write(tmp_path, BASE.format(root="engines")))
     assert s.engines.build_root == (tmp_path / "engines").resolve()
     assert (s.backend, s.mode, s.kv_transport, s.kv_transfer_timeout_ms) == ("reference", "disaggregated", "shm", 30000)
-    assert (s.slo.ttft_s, s.slo.itl_s, s.gateway.max_inflight, s.rollout.canary_share) == (2.0, 0.2, 64, 0.25)
+    assert (s.slo.ttft_s, s.slo.tpot_s, s.gateway.max_inflight, s.rollout.canary_share) == (2.0, 0.1, 64, 0.25)
     assert s.autoscaling.min == {"prefill": 1, "decode": 1} and s.autoscaling.max == {"prefill": 1, "decode": 1}
     assert (s.role("decode").tp, s.role("decode").max_batch_size, s.plan) == (1, 64, None)
 
@@ -97,6 +97,16 @@ def test_a_missing_field_names_the_line_of_its_parent(tmp_path):
     message = load_error(tmp_path, BASE.format(root="/x").replace("    instances: 1\n    cpus_per_instance: 1\n", "")
                          .replace("  decode:\n", ""))
     assert message.startswith(f"{tmp_path / 'dep.yaml'}:7: roles.decode: mode disaggregated needs a roles.decode")
+
+
+def test_itl_slo_keys_are_refused_with_what_to_write_instead(tmp_path):
+    """Decode is judged by TPOT (one SLO type, trtpd/schema/slo.py): an ITL target is refused, naming its field."""
+    message = load_error(tmp_path, BASE.format(root="/x") + "slo: {ttft_s: 2.0, itl_s: 0.2}\n")
+    assert message.startswith(f"{tmp_path / 'dep.yaml'}:12: slo: Value error, itl_s: decode is judged by TPOT"), message
+    message = load_error(tmp_path, BASE.format(root="/x") + "rollout: {max_itl_ratio: 2}\n")
+    assert "rollout: Value error, max_itl_ratio: the gate judges decode by TPOT" in message, message
+    spec = load_spec(write(tmp_path, BASE.format(root="/x") + "slo: {ttft_s: 0.5, tpot_s: 0.05, attainment: 0.99}\n"))
+    assert (spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.attainment) == (0.5, 0.05, 0.99)
 
 
 def test_roles_must_match_the_mode(tmp_path):

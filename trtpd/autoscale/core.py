@@ -7,16 +7,16 @@ One decision, per role:
 1. Demand through the planner's performance models (trtpd.planner.role_models), at the observed arrival
    rate and mean lengths: prefill: the highest rate one instance sustains with its queueing wait and its own
    batch (plus one decode step, the decode side's share) within the TTFT SLO, as the planner sizes prefill;
-   decode: the largest batch whose step meets the ITL SLO (within KV and the scheduler's cap), and the
-   highest rate whose Little's-law batch (with its P90 tail) stays within it. needed = rate / per-instance rate.
+   decode: the largest batch whose step meets the TPOT SLO (within KV and the scheduler's cap), and the
+   highest rate whose Little's-law batch (with its tail at the SLO's attainment) stays within it. needed = rate / per-instance rate.
    Like the planner's verified correction (and Dynamo's planner), each role's predicted latency is scaled by
-   a correction learnt online: observed P90 / predicted P90 at the current count, updated only while the
+   a correction learnt online: observed / predicted latency (at the SLO's percentile) at the current count, updated only while the
    role has not changed for max(window_s, cooldown_s) (a geometric mean of the old factor and the new ratio,
    kept within [1/4, 4]).
 2. Hysteresis on utilisation = needed / instances: up when above scale_up_utilisation (to the fewest
    instances under it), down only when one instance fewer (or more fewer) stays below scale_down_utilisation.
-3. Reactive corrections: a role whose SLO is breached (prefill: TTFT P90 over the SLO; decode: ITL P90 over
-   the SLO; either: its queue time P90 over queue_time_share of the TTFT SLO) gets at least one more
+3. Reactive corrections: a role whose SLO is breached (prefill: TTFT over the SLO; decode: TPOT over the SLO;
+   either: its queue time over queue_time_share of the TTFT SLO; each at the SLO's percentile) gets one more
    instance, whatever the model says; a role with waiting requests never scales down.
 4. Clamps to [min, max]; cooldown: a role changed less than cooldown_s ago keeps its count.
 5. Budget: when the wanted counts cost more than the budget, it is split by the roles' demand shares
@@ -32,6 +32,7 @@ from typing import Literal
 from trtpd.perf.model import InstancePerf
 from trtpd.planner.estimate import bisect_max
 from trtpd.planner.role_models import DecodeModel, LengthStats, PrefillModel, WorkloadStats, max_batch_for_tpot
+from trtpd.schema.slo import Slo
 
 SCALED_ROLES = ("prefill", "decode")
 CORRECTION_RANGE = (0.25, 4.0)
@@ -49,8 +50,7 @@ class AutoscalePolicy:
     mode: Literal["observe", "act"] = "act"       # observe: decisions are returned, never applied
     interval_s: float = 10.0                      # how often the caller asks
     window_s: float = 30.0                        # how much history the caller's rates and percentiles cover
-    slo_quantile: float = 0.9                     # the percentile the SLOs are stated at
-    queue_time_share: float = 0.5                 # a queue time P90 over this share of the TTFT SLO: breach
+    queue_time_share: float = 0.5                 # a queue time (SLO percentile) over this share of the TTFT SLO: breach
 
     def __post_init__(self) -> None:
         roles = set(self.min_instances)
@@ -76,8 +76,6 @@ class AutoscalePolicy:
             raise ValueError(f"mode {self.mode!r}: expected observe or act")
         if self.cooldown_s < 0 or self.interval_s <= 0 or self.window_s <= 0:
             raise ValueError("cooldown_s must be >= 0, interval_s and window_s positive")
-        if not 0.5 <= self.slo_quantile < 1:
-            raise ValueError(f"slo_quantile {self.slo_quantile}: expected a value in [0.5, 1)")
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -100,9 +98,9 @@ class RoleObservation:
     role: str
     num_instances: int                  # starting + ready (what a target counts); draining ones not
     waiting_requests: int               # queued at its instances, not yet in a batch
-    queue_time_p90_s: float | None
-    ttft_p90_s: float | None            # the gateway's, on the role judged by TTFT (prefill); else None
-    itl_p90_s: float | None             # the gateway's, on the role judged by ITL (decode); else None
+    queue_time_p_s: float | None        # each latency at the SLO's percentile (its attainment: 0.9 -> P90)
+    ttft_p_s: float | None              # the gateway's, on the role judged by TTFT (prefill); else None
+    tpot_p_s: float | None              # the gateway's, on the role judged by TPOT (decode); else None
     busy_share: float
     num_draining: int = 0               # still holding their devices until their work is done
 
@@ -114,8 +112,7 @@ class FleetObservation:
     mean_input_tokens: float
     mean_output_tokens: float
     roles: dict[str, RoleObservation]
-    slo_ttft_s: float
-    slo_itl_s: float
+    slo: Slo                            # the targets, and the percentile every latency above is taken at
 
 
 @dataclass(frozen=True)
@@ -148,55 +145,55 @@ class Autoscaler:
                             perf.min_batch_size)
 
     def _decode_model(self, obs: FleetObservation, correction: float) -> DecodeModel | None:
-        """At the largest batch whose (corrected) step meets the ITL SLO, within KV and the scheduler's cap
+        """At the largest batch whose (corrected) step meets the TPOT SLO, within KV and the scheduler's cap
         (None if even one sequence misses it)."""
         perf, stats = self.perf["decode"], self._stats(obs)
         kv_limit = int(perf.inst.kv_capacity_tokens // (obs.mean_input_tokens + obs.mean_output_tokens))
         context = DecodeModel(perf.inst, stats, 1).context_mean
-        itl_s = obs.slo_itl_s / correction
-        batch = min(perf.max_batch_size, max_batch_for_tpot(perf.inst, context, itl_s, kv_limit))
+        tpot_s = obs.slo.tpot_s / correction
+        batch = min(perf.max_batch_size, max_batch_for_tpot(perf.inst, context, tpot_s, kv_limit))
         return DecodeModel(perf.inst, stats, batch) if batch >= 1 else None
 
-    def predicted_p90_s(self, role: str, obs: FleetObservation, rate_per_s: float) -> float:
-        """The model's latency at one instance's rate, uncorrected: prefill: TTFT (with one decode step);
-        decode: ITL."""
-        p = self.policy.slo_quantile
+    def predicted_p_s(self, role: str, obs: FleetObservation, rate_per_s: float) -> float:
+        """The model's latency at one instance's rate and the SLO's percentile, uncorrected: prefill: TTFT
+        (with one decode step); decode: TPOT."""
+        p = obs.slo.attainment
         if role == "prefill":
-            return sum(self._prefill_model(obs).ttft_parts_s(rate_per_s, p)) + obs.slo_itl_s
+            return sum(self._prefill_model(obs).ttft_parts_s(rate_per_s, p)) + obs.slo.tpot_s
         model = self._decode_model(obs, 1.0)
         return model.tail(rate_per_s, p)[1] if model is not None else math.inf
 
     def rate_per_instance(self, role: str, obs: FleetObservation) -> float:
         """Requests/s one instance of `role` sustains within the SLO at the observed mean lengths."""
-        p, correction = self.policy.slo_quantile, self.correction.get(role, 1.0)
+        p, correction = obs.slo.attainment, self.correction.get(role, 1.0)
         if role == "prefill":
             model = self._prefill_model(obs)
-            return bisect_max(lambda rate: (sum(model.ttft_parts_s(rate, p)) + obs.slo_itl_s) * correction
-                              <= obs.slo_ttft_s, model.capacity_per_s())
+            return bisect_max(lambda rate: (sum(model.ttft_parts_s(rate, p)) + obs.slo.tpot_s) * correction
+                              <= obs.slo.ttft_s, model.capacity_per_s())
         decode = self._decode_model(obs, correction)
         if decode is None:
             return 0.0
 
         def ok(rate: float) -> bool:
-            batch_p, itl_p = decode.tail(rate, p)
-            return batch_p <= decode.max_batch_size and itl_p * correction <= obs.slo_itl_s
+            batch_p, tpot_p = decode.tail(rate, p)
+            return batch_p <= decode.max_batch_size and tpot_p * correction <= obs.slo.tpot_s
         return bisect_max(ok, decode.max_batch_size / (decode.steps_mean * decode.step_s(1.0)))
 
     def calibrate(self, obs: FleetObservation) -> None:
-        """Learns each role's correction (observed / predicted P90) while the role is settled."""
+        """Learns each role's correction (observed / predicted, at the SLO's percentile) while the role is settled."""
         settle_s = max(self.policy.window_s, self.policy.cooldown_s)
         if obs.arrival_rate_per_s <= 0 or obs.mean_input_tokens <= 0:
             return
         for role in self.policy.roles:
             ro = obs.roles[role]
-            observed = ro.ttft_p90_s if role == "prefill" else ro.itl_p90_s
+            observed = ro.ttft_p_s if role == "prefill" else ro.tpot_p_s
             if observed is None or ro.num_instances < 1 or ro.num_draining:
                 continue
             if obs.now_s - self.last_change_s.get(role, -math.inf) < settle_s:
                 continue
             if role == "prefill" and self._queue_breach("decode", obs):
                 continue      # the TTFT is the decode queue's, not the model's
-            predicted = self.predicted_p90_s(role, obs, obs.arrival_rate_per_s / ro.num_instances)
+            predicted = self.predicted_p_s(role, obs, obs.arrival_rate_per_s / ro.num_instances)
             if not 0 < predicted < math.inf:
                 continue
             low, high = CORRECTION_RANGE
@@ -278,20 +275,21 @@ class Autoscaler:
 
     def _queue_breach(self, role: str, obs: FleetObservation) -> bool:
         ro = obs.roles.get(role)
-        limit_s = self.policy.queue_time_share * obs.slo_ttft_s
-        return ro is not None and ro.queue_time_p90_s is not None and ro.queue_time_p90_s > limit_s
+        limit_s = self.policy.queue_time_share * obs.slo.ttft_s
+        return ro is not None and ro.queue_time_p_s is not None and ro.queue_time_p_s > limit_s
 
     def _breach(self, role: str, obs: FleetObservation) -> str:
         """Why the role's SLO is breached now ('' if it is not)."""
-        ro, queue_limit_s = obs.roles[role], self.policy.queue_time_share * obs.slo_ttft_s
+        ro, slo, queue_limit_s = obs.roles[role], obs.slo, self.policy.queue_time_share * obs.slo.ttft_s
+        p = f"P{slo.attainment * 100:g}"
         if self._queue_breach(role, obs):
-            return f"queue time P90 {ro.queue_time_p90_s:.3g} s > {queue_limit_s:.3g} s"
-        if ro.ttft_p90_s is not None and ro.ttft_p90_s > obs.slo_ttft_s:
+            return f"queue time {p} {ro.queue_time_p_s:.3g} s > {queue_limit_s:.3g} s"
+        if ro.ttft_p_s is not None and ro.ttft_p_s > slo.ttft_s:
             if not any(self._queue_breach(r, obs) for r in obs.roles if r != role):
                 # (a TTFT breach another role's queue explains is that role's)
-                return f"TTFT P90 {ro.ttft_p90_s:.3g} s > SLO {obs.slo_ttft_s:.3g} s"
-        if ro.itl_p90_s is not None and ro.itl_p90_s > obs.slo_itl_s:
-            return f"ITL P90 {ro.itl_p90_s * 1e3:.3g} ms > SLO {obs.slo_itl_s * 1e3:.3g} ms"
+                return f"TTFT {p} {ro.ttft_p_s:.3g} s > SLO {slo.ttft_s:.3g} s"
+        if ro.tpot_p_s is not None and ro.tpot_p_s > slo.tpot_s:
+            return f"TPOT {p} {ro.tpot_p_s * 1e3:.3g} ms > SLO {slo.tpot_s * 1e3:.3g} ms"
         return ""
 
     def _within_budget(self, wanted: dict[str, int], needed: dict[str, float], frozen: set[str],

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
-import trtpd.controller.autoscale as autoscale_module
-from trtpd.controller.autoscale import (AutoscalePolicy, Autoscaler, FleetObservation, RoleObservation, RolePerf)
+import trtpd.autoscale.core as autoscale_module
+from trtpd.autoscale.core import (AutoscalePolicy, Autoscaler, FleetObservation, RoleObservation, RolePerf)
 from trtpd.perf.model import InstancePerf
+from trtpd.schema.slo import Slo
 
-SLO_TTFT_S, SLO_ITL_S = 0.5, 0.05
+SLO_TTFT_S, SLO_TPOT_S = 0.5, 0.05
+SLO = Slo(ttft_s=SLO_TTFT_S, tpot_s=SLO_TPOT_S)
 MEAN_IN, MEAN_OUT = 512.0, 128.0
 
 
@@ -39,12 +41,12 @@ def policy(roles=("prefill", "decode"), budget=100, **kw) -> AutoscalePolicy:
     return AutoscalePolicy(low, high, budget, cost, **{"cooldown_s": 60.0, **kw})
 
 
-def role(name, n, waiting=0, queue=None, ttft=None, itl=None, draining=0) -> RoleObservation:
-    return RoleObservation(name, n, waiting, queue, ttft, itl, 0.5, draining)
+def role(name, n, waiting=0, queue=None, ttft=None, tpot=None, draining=0) -> RoleObservation:
+    return RoleObservation(name, n, waiting, queue, ttft, tpot, 0.5, draining)
 
 
 def obs(now_s, rate, roles: dict[str, RoleObservation]) -> FleetObservation:
-    return FleetObservation(now_s, rate, MEAN_IN, MEAN_OUT, roles, SLO_TTFT_S, SLO_ITL_S)
+    return FleetObservation(now_s, rate, MEAN_IN, MEAN_OUT, roles, SLO)
 
 
 def per_instance(name: str) -> float:
@@ -74,7 +76,7 @@ def test_scales_up_on_demand():
 
 @pytest.mark.parametrize("name, breach, words", [
     ("prefill", dict(ttft=2 * SLO_TTFT_S), "TTFT P90"),
-    ("decode", dict(itl=2 * SLO_ITL_S), "ITL P90"),
+    ("decode", dict(tpot=2 * SLO_TPOT_S), "TPOT P90"),
     ("decode", dict(queue=SLO_TTFT_S), "queue time P90"),
 ])
 def test_scales_up_on_an_slo_breach_even_if_the_model_says_enough(name, breach, words):
@@ -178,7 +180,7 @@ def test_no_scale_down_while_requests_wait():
 def test_latency_correction_learns_from_observed_p90():
     a = Autoscaler(policy(("prefill",), cooldown_s=0.0, window_s=10.0), PERF)
     rate = at_utilisation("prefill", 4, 0.7)
-    predicted = a.predicted_p90_s("prefill", obs(0, rate, {}), rate / 4)
+    predicted = a.predicted_p_s("prefill", obs(0, rate, {}), rate / 4)
     before = a.needed(obs(0, rate, {}))["prefill"]
     for t in range(5):   # the instances are twice as fast as the model says
         a.decide(obs(100.0 + t, rate, {"prefill": role("prefill", 4, ttft=predicted / 2)}))
@@ -205,4 +207,4 @@ def test_the_core_is_pure():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert imported <= {"__future__", "math", "dataclasses", "typing", "trtpd.perf.model", "trtpd.planner.estimate",
-                        "trtpd.planner.role_models"}
+                        "trtpd.planner.role_models", "trtpd.schema.slo"}

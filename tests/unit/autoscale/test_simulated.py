@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from trtpd.cli.main import main
-from trtpd.cli.simulate import SimAutoscaler, compare_autoscaled, load_policy, role_perf
-from trtpd.controller.autoscale import AutoscalePolicy, Autoscaler
+from trtpd.autoscale.simulated import SimAutoscaler, compare_autoscaled, load_policy, role_perf
+from trtpd.autoscale.core import AutoscalePolicy, Autoscaler
 from trtpd.errors import ConfigError
 from trtpd.sched.prefill import PrefillSchedulerConfig
 from trtpd.schema.slo import Slo
 from trtpd.sim.scaling import ScalingOptions
 from trtpd.sim.simulator import simulate
-from trtpd.sim.splits import splits_within, with_counts
+from trtpd.autoscale.fixed_splits import splits_within, with_counts
 from trtpd.sim.workload import WorkloadSpec, generate_requests
 from tests.unit.sim.fakes import LinearPerf, disagg
 

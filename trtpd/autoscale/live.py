@@ -3,17 +3,19 @@ the fleet's observation built from what the gateway measured (its recent request
 
 The observation a window of `window_s` gives: the arrival rate (requests that finished in the window, a
 steady-state stand-in for arrivals), mean prompt and output lengths, per role its instances (starting +
-ready; draining apart), waiting requests (its instances' queues), the P90 of its queue time (prefill queue /
-decode queue of the TTFT breakdown), TTFT P90 judging prefill and ITL P90 judging decode. The roles'
+ready; draining apart), waiting requests (its instances' queues), and at the SLO's percentile its queue time
+(prefill queue / decode queue of the TTFT breakdown), TTFT judging prefill and TPOT judging decode. The roles'
 performance comes from the planner's models of the engines on the `cpu-reference` hardware profile (the
 reference backend) or the spec's hardware (GPU path), as `trtpd simulate` uses them.
 """
 
 from __future__ import annotations
 
-from trtpd.controller.autoscale import AutoscalePolicy, Autoscaler, FleetObservation, RoleObservation, RolePerf
-from trtpd.controller.rollout import percentile
-from trtpd.controller.types import InstanceRow
+from typing import Protocol
+
+from trtpd.autoscale.core import AutoscalePolicy, Autoscaler, FleetObservation, RoleObservation, RolePerf
+from trtpd.percentiles import quantile
+from trtpd.schema.slo import Slo
 
 REFERENCE_HARDWARE = "cpu-reference"
 
@@ -43,7 +45,7 @@ def live_policy(spec) -> AutoscalePolicy:
         budget = sum(maxs[r] * cost[r] for r in roles)
     return AutoscalePolicy(min_instances=mins, max_instances=maxs, budget=budget, cost_per_instance=cost,
                            cooldown_s=a.cooldown_s, mode=a.mode, interval_s=a.interval_s,
-                           window_s=max(3 * a.interval_s, 15.0), slo_quantile=spec.slo.attainment)
+                           window_s=max(3 * a.interval_s, 15.0))
 
 
 def live_autoscaler(spec) -> Autoscaler:
@@ -61,11 +63,18 @@ def live_autoscaler(spec) -> Autoscaler:
     return Autoscaler(live_policy(spec), role_perf(cluster))
 
 
-def observe(now_s: float, window_s: float, samples: list[dict], health: dict | None, table: list[InstanceRow],
-            slo_ttft_s: float, slo_itl_s: float, quantile: float = 0.9) -> FleetObservation:
+class Instance(Protocol):
+    """What the observation needs of a row of the controller's instance table (trtpd.controller.types.InstanceRow)."""
+
+    role: str
+    state: str
+
+
+def observe(now_s: float, window_s: float, samples: list[dict], health: dict | None, table: list[Instance],
+            slo: Slo) -> FleetObservation:
     """`samples`: the gateway's finished requests (GET /admin/requests) of the last `window_s`; `health`: its
     /health body; `table`: the controller's instance table."""
-    p = quantile * 100
+    q = slo.attainment
     recent = [s for s in samples if s["t"] >= now_s - window_s]
     ok = [s for s in recent if s.get("ok")]
     views = health["instances"] if health else []
@@ -75,14 +84,14 @@ def observe(now_s: float, window_s: float, samples: list[dict], health: dict | N
         roles[role] = RoleObservation(
             role, sum(1 for r in rows if r.state in ("starting", "ready")),
             sum(v["waiting"] for v in views if v["role"] == role),
-            percentile([s[queue_key] for s in ok if s.get(queue_key) is not None], p),
-            percentile([s["ttft_s"] for s in ok if s.get("ttft_s") is not None], p) if role == "prefill" else None,
-            percentile([s["itl_p90_s"] for s in ok if s.get("itl_p90_s") is not None], p) if role == "decode" else None,
+            quantile([s.get(queue_key) for s in ok], q),
+            quantile([s.get("ttft_s") for s in ok], q) if role == "prefill" else None,
+            quantile([s.get("tpot_s") for s in ok], q) if role == "decode" else None,
             _busy(views, role), sum(1 for r in rows if r.state == "draining"))
     lengths_in = [s["num_prompt_tokens"] for s in ok if s.get("num_prompt_tokens")]
     lengths_out = [s["num_tokens"] for s in ok if s.get("num_tokens")]
     return FleetObservation(now_s, len(recent) / window_s, sum(lengths_in) / len(lengths_in) if lengths_in else 0.0,
-                            sum(lengths_out) / len(lengths_out) if lengths_out else 0.0, roles, slo_ttft_s, slo_itl_s)
+                            sum(lengths_out) / len(lengths_out) if lengths_out else 0.0, roles, slo)
 
 
 def _busy(views: list[dict], role: str) -> float:
