@@ -234,7 +234,7 @@ def test_rollouts_refused_rolled_back_promoted_undone(deployment, fp16_root, fp8
         assert trtpd(["rollout", str(slow)]) == 1
         timeline["slow"] = time.monotonic() - started
         out = capsys.readouterr().out
-        assert "rollout_rolling_back" in out and "ITL p90" in out and "> SLO 100 ms" in out
+        assert "rollout_rolling_back" in out and "TPOT p90" in out and "> SLO 100 ms" in out
         assert pids("ro") == before   # the stable instances never moved
 
         started = time.monotonic()

@@ -46,9 +46,9 @@ def format_event(row) -> str:
     gate = row.detail.get("gate")
     if gate:
         c, s = gate["canary"], gate["stable"]
-        text += (f"; gate: canary {c['requests']} req, TTFT p {_ms(c['ttft_p_s'])}, ITL p {_ms(c['itl_p_s'])}, "
+        text += (f"; gate: canary {c['requests']} req, TTFT p {_ms(c['ttft_p_s'])}, TPOT p {_ms(c.get('tpot_p_s'))}, "
                  f"errors {c['errors']} | stable {s['requests']} req, TTFT p {_ms(s['ttft_p_s'])}, "
-                 f"ITL p {_ms(s['itl_p_s'])}, errors {s['errors']}")
+                 f"TPOT p {_ms(s.get('tpot_p_s'))}, errors {s['errors']}")   # (.get: a gate recorded before TPOT)
     return f"{when}  r{row.revision:<3} {row.actor:<12} {row.action:<18} {text}"
 
 
