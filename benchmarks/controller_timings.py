@@ -43,7 +43,7 @@ def main() -> int:
     from openai import OpenAI
 
     from trtpd.cli.main import main as trtpd
-    from trtpd.controller.client import open_store
+    from trtpd.cli.controller_client import open_store
     from trtpd.controller.daemon import bring_up
     from trtpd.fleet.records import load_fleet
 

@@ -17,7 +17,7 @@ import time
 
 from trtpd.catalog import get_model
 from trtpd.perf.hardware import load_hardware
-from trtpd.planner import seed004
+from trtpd.planner import throughput_ratio
 from trtpd.planner.inputs import SearchSpace, Slo, Target
 from trtpd.planner.make import VerifyOptions, make_plan
 from trtpd.planner.report import plan_text
@@ -28,10 +28,10 @@ TOKENS_PER_MIN, L_IN, L_OUT = 5e6, 6144, 512
 SLO = Slo(ttft_s=2.0, tpot_s=0.020)
 
 
-def seed_answer(tp_prefill_max: float, overhead_s: float, batch: int, tpot_s: float) -> seed004.Seed004Plan:
-    tp_prefill = seed004.prefill_throughput_under_ttft(tp_prefill_max, L_IN, SLO.ttft_s, overhead_s)
-    tp_decode = seed004.decode_throughput(batch, tpot_s)
-    return seed004.instance_counts(TOKENS_PER_MIN / 60, L_IN, L_OUT, tp_prefill, tp_decode)
+def seed_answer(tp_prefill_max: float, overhead_s: float, batch: int, tpot_s: float) -> throughput_ratio.Seed004Plan:
+    tp_prefill = throughput_ratio.prefill_throughput_under_ttft(tp_prefill_max, L_IN, SLO.ttft_s, overhead_s)
+    tp_decode = throughput_ratio.decode_throughput(batch, tpot_s)
+    return throughput_ratio.instance_counts(TOKENS_PER_MIN / 60, L_IN, L_OUT, tp_prefill, tp_decode)
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ import pytest
 from openai import OpenAI
 
 from trtpd.cli.main import main as trtpd
-from trtpd.controller.client import open_store
+from trtpd.cli.controller_client import open_store
 from trtpd.controller.daemon import bring_up
 from trtpd.fleet.gateway_process import api_key
 from trtpd.fleet.records import load_fleet
@@ -344,7 +344,7 @@ def test_the_autoscaler_acts_on_live_metrics(deployment):
     new = load_spec(spec_path)
     n = store.add_revision(new.to_yaml(), new.spec_json(), str(spec_path), actor())
     assert trtpd(["history", "auto"]) == 0
-    from trtpd.controller.client import submit_and_wait
+    from trtpd.cli.controller_client import submit_and_wait
     assert submit_and_wait("auto", "rollout", {"revision": n})["in_place"]
     c = client("auto")
     with Load(c, threads=2) as load:

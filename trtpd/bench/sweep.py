@@ -30,7 +30,7 @@ TRITON_MODEL = "ensemble"
 
 
 @dataclass(frozen=True)
-class Target:
+class SweepTarget:
     info: TargetInfo
     model: str                      # the OpenAI `model`, or the Triton model (the ensemble)
     tokenizer_dir: str | None       # the checkpoint folder with the tokenizer, when known
@@ -63,7 +63,7 @@ def normalize_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
 
-def resolve_target(name_or_url: str, model: str | None = None, api_key: str | None = None) -> Target:
+def resolve_target(name_or_url: str, model: str | None = None, api_key: str | None = None) -> SweepTarget:
     """A URL (http://...; the key from `api_key` or $OPENAI_API_KEY), a fleet's name (its gateway, with the
     fleet's own key) or a single-server deployment's name (its gRPC)."""
     import os
@@ -74,7 +74,7 @@ def resolve_target(name_or_url: str, model: str | None = None, api_key: str | No
     if name_or_url.startswith(("http://", "https://")):
         url = normalize_url(name_or_url)
         key = api_key or os.environ.get("OPENAI_API_KEY")
-        return Target(TargetInfo(urllib.parse.urlsplit(url).netloc, "openai", url), model or _openai_model(url, key),
+        return SweepTarget(TargetInfo(urllib.parse.urlsplit(url).netloc, "openai", url), model or _openai_model(url, key),
                       None, DEFAULT_MAX_INPUT_LEN, key)
     if is_fleet(name_or_url):
         fleet = load_fleet(name_or_url)
@@ -83,17 +83,17 @@ def resolve_target(name_or_url: str, model: str | None = None, api_key: str | No
                              f"--name {fleet.name} --replace`, which starts one)")
         url = f"http://{fleet.gateway.get('host', '127.0.0.1')}:{fleet.gateway['port']}/v1"
         key = api_key or fleet_api_key(fleet)
-        return Target(TargetInfo(f"{fleet.name} ({fleet.mode})", "openai", url, fleet.mode),
+        return SweepTarget(TargetInfo(f"{fleet.name} ({fleet.mode})", "openai", url, fleet.mode),
                       model or _openai_model(url, key), fleet.tokenizer_dir,
                       min((i.max_input_len for i in fleet.instances), default=DEFAULT_MAX_INPUT_LEN), key)
     from trtpd.serving.deployment import Deployment
 
     dep = Deployment.load(name_or_url)
-    return Target(TargetInfo(f"{dep.name} ({dep.mode})", "triton", dep.server.grpc_url, dep.mode),
+    return SweepTarget(TargetInfo(f"{dep.name} ({dep.mode})", "triton", dep.server.grpc_url, dep.mode),
                   model or TRITON_MODEL, str(Path(dep.build_root) / "checkpoint"), DEFAULT_MAX_INPUT_LEN)
 
 
-def unique_labels(targets: list[Target]) -> list[Target]:
+def unique_labels(targets: list[SweepTarget]) -> list[SweepTarget]:
     seen: dict[str, int] = {}
     out = []
     for t in targets:
@@ -139,10 +139,10 @@ def make_requests(tokenizer, spec: WorkloadSpec, rate_per_s: float, num_requests
     return out
 
 
-Sender = Callable[[Target, list[BenchRequest], float, Callable[[RequestResult], None] | None], list[RequestResult]]
+Sender = Callable[[SweepTarget, list[BenchRequest], float, Callable[[RequestResult], None] | None], list[RequestResult]]
 
 
-def send(target: Target, requests: list[BenchRequest], timeout_s: float,
+def send(target: SweepTarget, requests: list[BenchRequest], timeout_s: float,
          on_done: Callable[[RequestResult], None] | None = None) -> list[RequestResult]:
     if target.info.kind == "openai":
         from trtpd.bench.openai_load import run_openai
@@ -152,7 +152,7 @@ def send(target: Target, requests: list[BenchRequest], timeout_s: float,
     return run_stream(target.info.url, requests, model=target.model, timeout_s=timeout_s, on_done=on_done)
 
 
-def run_sweep(targets: list[Target], sweep: Sweep, requests_at: Callable[[float], list[BenchRequest]],
+def run_sweep(targets: list[SweepTarget], sweep: Sweep, requests_at: Callable[[float], list[BenchRequest]],
               timeout_s: float = 300.0, warmup: int = 1, console=None, sender: Sender = send) -> Sweep:
     """For each rate (in the order given), for each target in turn: the same requests; a progress bar per run.
     Each target first gets `warmup` requests (the first ones, sent at once), not measured."""
@@ -185,7 +185,7 @@ def run_sweep(targets: list[Target], sweep: Sweep, requests_at: Callable[[float]
     return sweep
 
 
-def load_tokenizer(targets: list[Target], tokenizer_dir: Path | None):
+def load_tokenizer(targets: list[SweepTarget], tokenizer_dir: Path | None):
     """The tokenizer that sizes the prompts: --tokenizer, else the first target's checkpoint."""
     from trtpd.engine.checkpoint import load_checkpoint
 

@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from trtpd.controller.client import format_event, open_store
+    from trtpd.cli.controller_client import format_event, open_store
 
     store = open_store(args.name)
     revisions = store.revisions()

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 def run_seed004(args: argparse.Namespace) -> int:
     a.refuse_given(args, SEARCH_ONLY, "not used by --method seed004 (it takes --slo/--ttft-s, --tokens-per-min, "
                                       "--input-tokens, --output-tokens and the seed004 group)")
-    from trtpd.planner import seed004
+    from trtpd.planner import throughput_ratio
     from trtpd.planner.inputs import load_slo
     from trtpd.planner.report import seed004_text
 
@@ -141,14 +141,14 @@ def run_seed004(args: argparse.Namespace) -> int:
     slo = _slo(args) if (args.slo or args.ttft_s) else load_slo("seed004")     # TTFT 2 s, TPOT 20 ms
     if not args.tokens_per_min:
         raise ConfigError("--method seed004 needs --tokens-per-min (seed 004 states its target that way)")
-    formula = seed004.prefill_throughput_under_ttft(v["tp_prefill_max"], v["input_tokens"], slo.ttft_s,
+    formula = throughput_ratio.prefill_throughput_under_ttft(v["tp_prefill_max"], v["input_tokens"], slo.ttft_s,
                                                     v["overhead_s"])
     tp_prefill = args.tp_prefill_tokens_per_s or formula
     print(f"TP_prefill = {v['tp_prefill_max']:.0f} - {v['input_tokens']:.0f} / ({slo.ttft_s:g} - {v['overhead_s']:g})"
           f" = {formula:.1f} tokens/s" + (f"; using {tp_prefill:.0f}" if args.tp_prefill_tokens_per_s else ""))
-    tp_decode = seed004.decode_throughput(v["decode_batch"], v["decode_tpot_s"])
-    counts = seed004.instance_counts(args.tokens_per_min / 60, v["input_tokens"], v["output_tokens"],
+    tp_decode = throughput_ratio.decode_throughput(v["decode_batch"], v["decode_tpot_s"])
+    counts = throughput_ratio.instance_counts(args.tokens_per_min / 60, v["input_tokens"], v["output_tokens"],
                                      tp_prefill, tp_decode)
-    ratio = seed004.pd_ratio(v["input_tokens"], v["output_tokens"], tp_prefill, tp_decode)
+    ratio = throughput_ratio.pd_ratio(v["input_tokens"], v["output_tokens"], tp_prefill, tp_decode)
     print(seed004_text(counts, v["input_tokens"], v["output_tokens"], tp_prefill, tp_decode, ratio))
     return 0

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtpd.controller.rollout_cli import rollout
+    from trtpd.cli.rollout_flow import rollout
     from trtpd.cli.args import ConfigError
 
     if bool(args.spec) == bool(args.undo):

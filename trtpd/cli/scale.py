@@ -31,7 +31,7 @@ def parse_counts(items: list[str]) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtpd.controller.client import last_audit_id, open_store, submit_and_wait, wait_converged
+    from trtpd.cli.controller_client import last_audit_id, open_store, submit_and_wait, wait_converged
 
     counts = parse_counts(args.counts)
     since = last_audit_id(open_store(args.name))

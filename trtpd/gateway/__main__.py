@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from trtpd.errors import TrtpdError
-    from trtpd.gateway.process import serve
+    from trtpd.gateway.serve import serve
 
     try:
         serve(args)

@@ -77,7 +77,7 @@ class Side:
 
 
 @dataclass
-class Verdict:
+class Recommendation:
     recommended: str | None
     ratio_per_gpu: float                       # recommended / other, simulated goodput per GPU
     reasons: list[str] = field(default_factory=list)
@@ -423,7 +423,7 @@ class _Best:
 
 
 # -- the answer ----------------------------------------------------------------------------------------
-def decide(disagg: Side | None, coloc: Side | None, rate: float | None) -> Verdict:
+def decide(disagg: Side | None, coloc: Side | None, rate: float | None) -> Recommendation:
     sides = [s for s in (disagg, coloc) if s is not None and s.measured.rate_per_s > 0]
     if rate is not None:
         passing = [s for s in sides if s.meets_target]
@@ -432,12 +432,12 @@ def decide(disagg: Side | None, coloc: Side | None, rate: float | None) -> Verdi
     else:
         key = lambda s: (-s.measured.rate_per_s, s.num_gpus)  # noqa: E731
     if not sides:
-        return Verdict(None, 0.0, ["neither side meets the SLOs in simulation"], disagg, coloc)
+        return Recommendation(None, 0.0, ["neither side meets the SLOs in simulation"], disagg, coloc)
     best = min(sides, key=key)
     other = coloc if best is disagg else disagg
     ratio = (best.goodput_per_gpu_per_s / other.goodput_per_gpu_per_s
              if other is not None and other.goodput_per_gpu_per_s > 0 else math.inf)
-    return Verdict(best.mode, ratio, reasons(best, other, rate), disagg, coloc)
+    return Recommendation(best.mode, ratio, reasons(best, other, rate), disagg, coloc)
 
 
 def _binding(side: Side) -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trtpd.errors import ConfigError
-from trtpd.planner import seed004
+from trtpd.planner import throughput_ratio
 from trtpd.planner import compare, parallel
 from trtpd.schema.plan import (ColocatedPlan, Comparison, DecodePlan, Expected, KvTransferPlan, Plan, PrefillPlan,
                                SideSummary, TargetSummary, Verification, WorkloadSummary)
 from trtpd.planner.search import Choice, PlanProblem, Planner, SearchResult, plan_search
-from trtpd.planner.verify import Verdict, verify
+from trtpd.planner.verify import VerifyOutcome, verify
 from trtpd.sim.goodput import num_requests_measuring, settle_span_s
 from trtpd.sim.workload import generate_requests
 
@@ -109,7 +109,7 @@ def _side_summary(side: compare.Side, mean_output_tokens: float) -> SideSummary:
 
 
 def _verified(problem: PlanProblem, result: SearchResult, choice: Choice, rate: float,
-              options: VerifyOptions) -> tuple[Choice, Verdict]:
+              options: VerifyOptions) -> tuple[Choice, VerifyOutcome]:
     """Runs the simulator at the target rate; it has the last word on feasibility and counts."""
     planner = result.planner
     assert planner is not None
@@ -155,7 +155,7 @@ BUDGET_STEPS = 3
 
 
 def _verified_budget(problem: PlanProblem, result: SearchResult, choice: Choice,
-                     options: VerifyOptions) -> tuple[Choice, Verdict]:
+                     options: VerifyOptions) -> tuple[Choice, VerifyOutcome]:
     """A budget: the analytic highest rate of these GPUs, verified; while the simulator does not confirm it,
     the rate steps down by BUDGET_STEP and is verified again, so that the plan's rate is one the simulator
     passed (the analytic rate is an estimate at the edge of the SLOs; a simulation there passes or fails by
@@ -176,7 +176,7 @@ def _verified_budget(problem: PlanProblem, result: SearchResult, choice: Choice,
     return verified, verdict
 
 
-def _calibrated(planner: Planner, choice: Choice, verdict: Verdict, rate: float) -> Choice:
+def _calibrated(planner: Planner, choice: Choice, verdict: VerifyOutcome, rate: float) -> Choice:
     """Scales the analytic TTFT_p and TPOT_p to what the simulator measured at the verified counts,
     so that the plan's expected values and max_rate_per_s agree with the simulation."""
     raw = planner.choice(choice.config.corrected(1.0, 1.0), verdict.num_prefill, verdict.num_decode, rate,
@@ -206,22 +206,22 @@ def _seed004_first_pass(problem: PlanProblem, result: SearchResult, choice: Choi
     overhead_s = choice.config.decode_side_ttft_s(1e-6, problem.slo.attainment)
     out: dict[str, float] = {"tp_prefill_max_tokens_per_s": tp_prefill_max, "overhead_s": overhead_s}
     try:
-        tp_prefill = seed004.prefill_throughput_under_ttft(tp_prefill_max, l_in, problem.slo.ttft_s, overhead_s)
+        tp_prefill = throughput_ratio.prefill_throughput_under_ttft(tp_prefill_max, l_in, problem.slo.ttft_s, overhead_s)
     except ConfigError:   # the seed's method has no answer here (TTFT too tight); say so in the plan
         out["infeasible"] = 1.0
         return out
     batch = cd.max_batch_size
-    tp_decode = seed004.decode_throughput(batch, cd.model.step_s(batch))
+    tp_decode = throughput_ratio.decode_throughput(batch, cd.model.step_s(batch))
     total_tokens_per_s = (result.rate_per_s or choice.max_rate_per_s) * (l_in + l_out)
-    counts = seed004.instance_counts(total_tokens_per_s, l_in, l_out, tp_prefill, tp_decode)
+    counts = throughput_ratio.instance_counts(total_tokens_per_s, l_in, l_out, tp_prefill, tp_decode)
     out.update(tp_prefill_tokens_per_s=tp_prefill, tp_decode_tokens_per_s=tp_decode, decode_batch=float(batch),
-               pd_ratio=seed004.pd_ratio(l_in, l_out, tp_prefill, tp_decode),
+               pd_ratio=throughput_ratio.pd_ratio(l_in, l_out, tp_prefill, tp_decode),
                num_prefill=float(counts.num_prefill), num_decode=float(counts.num_decode),
                max_tokens_per_min=counts.max_tokens_per_min)
     return out
 
 
-def _to_plan(problem: PlanProblem, result: SearchResult, choice: Choice | None, verdict: Verdict | None) -> Plan:
+def _to_plan(problem: PlanProblem, result: SearchResult, choice: Choice | None, verdict: VerifyOutcome | None) -> Plan:
     s, space, wl = result.stats, problem.space, problem.workload
     rate = result.rate_per_s
     plan = Plan(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trtpd.schema.plan import Plan
-from trtpd.planner.seed004 import Seed004Plan
+from trtpd.planner.throughput_ratio import Seed004Plan
 
 
 def _ms(seconds: float) -> str:

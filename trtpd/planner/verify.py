@@ -65,7 +65,7 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class VerifyOutcome:
     num_prefill: int
     num_decode: int
     summary: SimSummary
@@ -93,7 +93,7 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
            analytic_q: Callable[[Counts], tuple[float, float]], propose: Propose | None = None,
            is_stable: Callable[[Counts], bool] = lambda c: True, max_gpus: int | None = None,
            try_fewer: bool = True, max_simulations: int = 5, warmup_s: float = 0.0,
-           decide_early: bool = True) -> Verdict:
+           decide_early: bool = True) -> VerifyOutcome:
     """decide_early: a trimmed configuration's simulation stops once its failure is certain."""
     trials: dict[Counts, Trial] = {}
     order: list[Counts] = []
@@ -150,5 +150,5 @@ def verify(prefill: PrefillCandidate, decode: DecodeCandidate, counts: Counts, l
     best = min(passing, key=lambda t: (gpus(t.counts), -t.attainment)) if passing else trials[order[-1]]
     history = tuple((c[0], c[1], trials[c].attainment) for c in order)
     assert best.summary is not None           # only a trimmed configuration that failed stops early
-    return Verdict(best.counts[0], best.counts[1], best.summary, best.passed, best.ttft_q_s, best.tpot_q_s,
+    return VerifyOutcome(best.counts[0], best.counts[1], best.summary, best.passed, best.ttft_q_s, best.tpot_q_s,
                    len(order), history, best.run)

@@ -9,7 +9,7 @@ BLOCK_KINDS = ("max", "free", "used", "tokens_per", "fraction")
 REQUEST_KINDS = ("active", "waiting", "max", "completed")
 
 
-class RoleMetrics:
+class RoleModelMetrics:
     def __init__(self, model: str, version: str = "1", instance: str = "", role: str = "") -> None:
         # `instance` and `role` keep two instance servers' series apart (one server: instance = model name)
         base = {"model": model, "version": version, "instance": instance or model, "role": role or model}

@@ -26,7 +26,7 @@ from trtpd.engine.request import EngineOutput, RequestError
 from trtpd.errors import TrtpdError
 from trtpd.kv.auth import AUTH_PARAMETER, check_orchestrator_token
 from trtpd.perf_outputs import ENGINE_PERF_MS as PERF_OUTPUTS
-from trtpd.serving.metrics import RoleMetrics
+from trtpd.serving.metrics import RoleModelMetrics
 from trtpd.serving.pb import error_response, input_getter, model_parameters, tensor
 from trtpd.serving.request_parsing import error_kind, parse_parameters, parse_request
 from trtpd.serving.stub_watch import StubWatch
@@ -74,7 +74,7 @@ class RoleModel:
         # is_cancelled() after its FINAL response went out (tritonserver dereferences the freed
         # response factory and crashes), and senders are not safe to use from two threads at once.
         self.lock = threading.Lock()
-        self.metrics = RoleMetrics(self.model_name, args.get("model_version", "1"),
+        self.metrics = RoleModelMetrics(self.model_name, args.get("model_version", "1"),
                                    params.get("instance_name") or self.model_name, self.role.value)
         self.metrics.set_batch_invariance(self.loaded.invariance.max_rows, self.loaded.invariance.tile_rows)
         # Responses go out on their own thread: a python-backend send is a blocking IPC round trip, and

@@ -5,7 +5,7 @@ role, and each role model pins its own through gpu_device_ids. trtllm-serve path
 context/generation server, each given only its own GPUs, plus the router; they share the host's
 network and IPC namespace so UCX can use CUDA IPC between them. The engines folder is mounted at the
 same path inside, so every absolute path in the configs holds. Ports bind 127.0.0.1 unless told.
-Host GPU i is the planned GPU i (MpiWorld numbers them from 0).
+Host GPU i is the planned GPU i (RankLayout numbers them from 0).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 
 from trtpd.trtllm.containers import ContainerLayout
 from trtpd.trtllm.launch import TritonPorts
-from trtpd.trtllm.mpi_world import MpiWorld
+from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.plan import BuildPlan
 from trtpd.trtllm.serve_config import UCX_ENV, ServeLayout, WorkerCommand
 
@@ -46,7 +46,7 @@ def _gpus(ids: list[int]) -> str:
     return f'"device={",".join(map(str, ids))}"'
 
 
-def _all_gpus(world: MpiWorld) -> list[int]:
+def _all_gpus(world: RankLayout) -> list[int]:
     return sorted({g for inst in (*world.prefill, *world.decode) for g in inst.gpu_ids})
 
 
@@ -59,7 +59,7 @@ def _header(what: str, layout: ContainerLayout, *, published: bool = True) -> li
                     'BIND="${BIND:-127.0.0.1}"']
 
 
-def triton_docker_run(plan: BuildPlan, world: MpiWorld, layout: ContainerLayout, deploy_dir: Path,
+def triton_docker_run(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
                       ports: TritonPorts, tokenizer_dir: str) -> str:
     name = f"trtpd-{plan.request.model.name}-triton"
     argv = ["docker", "run", "--rm", "--name", name, "--gpus", _gpus(_all_gpus(world)), *RUN_FLAGS]
@@ -73,7 +73,7 @@ def triton_docker_run(plan: BuildPlan, world: MpiWorld, layout: ContainerLayout,
     return "\n".join(_header("The Triton path (one MPI world)", layout) + rows + [_command(argv), ""])
 
 
-def triton_compose(plan: BuildPlan, world: MpiWorld, layout: ContainerLayout, deploy_dir: Path,
+def triton_compose(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
                    ports: TritonPorts, tokenizer_dir: str) -> str:
     service = {
         "image": layout.image, "command": ["bash", str(deploy_dir / "launch_triton.sh")], "ipc": "host",
@@ -85,7 +85,7 @@ def triton_compose(plan: BuildPlan, world: MpiWorld, layout: ContainerLayout, de
                          "with gpu_device_ids", {"triton": service})
 
 
-def serve_docker_run(plan: BuildPlan, world: MpiWorld, layout: ContainerLayout, deploy_dir: Path,
+def serve_docker_run(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
                      serve: ServeLayout, tokenizer_dir: str) -> str:
     """One container running trtllm-serve/launch.sh (CUDA_VISIBLE_DEVICES per server inside). The servers and
     the router listen on the layout's host (localhost), which -p cannot reach inside a container, so this one
@@ -152,7 +152,7 @@ def _quote(arg: str) -> str:
     return f'"{arg}"' if "$" in arg else shlex.quote(arg)
 
 
-def render_container_files(plan: BuildPlan, world: MpiWorld, layout: ContainerLayout, deploy_dir: Path,
+def render_container_files(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
                            ports: TritonPorts, serve: ServeLayout, workers: list[WorkerCommand],
                            tokenizer_dir: str) -> dict[str, str]:
     d = CONTAINER_DIR

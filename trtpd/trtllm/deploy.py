@@ -23,7 +23,7 @@ from trtpd.trtllm.container_launch import render_container_files
 from trtpd.trtllm.containers import CONTAINERS, DEFAULT_CONTAINER, ContainerLayout
 from trtpd.trtllm.gpu_repo import plan_role_models
 from trtpd.trtllm.launch import PYTHON_DIR, TritonPorts, render_triton_launch
-from trtpd.trtllm.mpi_world import MpiWorld, plan_mpi_world
+from trtpd.trtllm.mpi_world import RankLayout, plan_mpi_world
 from trtpd.trtllm.plan import BuildPlan
 from trtpd.trtllm.serve_config import ServeLayout, render_serve_files, worker_commands
 from trtpd.errors import ConfigError
@@ -39,7 +39,7 @@ SERVE_DIR = "trtllm-serve"
 @dataclass(frozen=True)
 class DeployPlan:
     deploy_dir: Path
-    world: MpiWorld
+    world: RankLayout
     models: list[ModelPlan]
     files: dict[str, str] = field(default_factory=dict)     # relative to deploy_dir
     container: ContainerLayout = CONTAINERS[DEFAULT_CONTAINER]
@@ -76,7 +76,7 @@ def missing_shared_templates(templates: Path | None = None) -> list[str]:
     return [t for t in SHARED_TEMPLATES if not (templates / t / "config.pbtxt.tmpl").is_file()]
 
 
-def plan_gpu_repository(plan: BuildPlan, world: MpiWorld, tokenizer_dir: str,
+def plan_gpu_repository(plan: BuildPlan, world: RankLayout, tokenizer_dir: str,
                         templates: Path | None = None) -> list[ModelPlan]:
     """The full GPU repository: shared templates plus the tensorrtllm `prefill` and `decode`."""
     missing = missing_shared_templates(templates)

@@ -8,7 +8,7 @@ triton_models/tensorrtllm/config.pbtxt.tmpl; its `parameters` are checked agains
 
 from __future__ import annotations
 
-from trtpd.trtllm.mpi_world import MpiWorld
+from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.options import check_keys, require_valid
 from trtpd.trtllm.options_table import required_backend_parameters
 from trtpd.trtllm.plan import BuildPlan, RolePlan
@@ -24,7 +24,7 @@ PARAMETER_PLACEHOLDERS = {
 }
 
 
-def role_parameters(plan: BuildPlan, role: RolePlan, world: MpiWorld) -> dict[str, str]:
+def role_parameters(plan: BuildPlan, role: RolePlan, world: RankLayout) -> dict[str, str]:
     """The tensorrtllm backend `parameters` for one role, as the strings the backend parses."""
     s = role.spec
     params = {
@@ -65,7 +65,7 @@ def role_parameters(plan: BuildPlan, role: RolePlan, world: MpiWorld) -> dict[st
     return params
 
 
-def role_model_plan(plan: BuildPlan, role: RolePlan, world: MpiWorld) -> ModelPlan:
+def role_model_plan(plan: BuildPlan, role: RolePlan, world: RankLayout) -> ModelPlan:
     s = role.spec
     values: dict[str, object] = {
         "triton_backend": "tensorrtllm",
@@ -82,7 +82,7 @@ def role_model_plan(plan: BuildPlan, role: RolePlan, world: MpiWorld) -> ModelPl
     return ModelPlan(name=s.role, template=ROLE_TEMPLATE, values=values)
 
 
-def plan_role_models(plan: BuildPlan, world: MpiWorld) -> list[ModelPlan]:
+def plan_role_models(plan: BuildPlan, world: RankLayout) -> list[ModelPlan]:
     """`prefill` and `decode` only: the GPU-specific part of the repository."""
     return [role_model_plan(plan, role, world) for role in plan.roles]
 

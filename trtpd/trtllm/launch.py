@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtpd import __version__
-from trtpd.trtllm.mpi_world import MpiWorld
+from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.options import check_args, check_keys, require_valid
 from trtpd.trtllm.plan import BuildPlan
 from trtpd.trtllm.versions import PINNED
@@ -47,7 +47,7 @@ def rank_args(rank: int, repo: Path, ports: TritonPorts, role_models: list[str])
     return args
 
 
-def mpirun_lines(world: MpiWorld, repo: Path, ports: TritonPorts, role_models: list[str]) -> list[str]:
+def mpirun_lines(world: RankLayout, repo: Path, ports: TritonPorts, role_models: list[str]) -> list[str]:
     head = [("--allow-run-as-root", None)] + [("-x", name) for name in ORCHESTRATOR_ENV]
     require_valid(check_args("mpirun", head + [("-n", "1")]), "mpirun command")
     require_valid(check_keys("env", ORCHESTRATOR_ENV), "launch environment")
@@ -91,7 +91,7 @@ def install_python_package_lines() -> list[str]:
     ]
 
 
-def _rank_table(world: MpiWorld) -> list[str]:
+def _rank_table(world: RankLayout) -> list[str]:
     rows = ["#   rank 0: orchestrator (no GPU); serves every endpoint and loads every model"]
     for inst in (*world.prefill, *world.decode):
         first, last = inst.ranks[0], inst.ranks[-1]
@@ -100,7 +100,7 @@ def _rank_table(world: MpiWorld) -> list[str]:
     return rows
 
 
-def render_triton_launch(plan: BuildPlan, world: MpiWorld, repo: Path, ports: TritonPorts) -> str:
+def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: TritonPorts) -> str:
     r = plan.request
     terms = " + ".join(f"{s.instances} x {s.role} TP{s.tp_size}*PP{s.pp_size}" for s in r.roles)
     role_models = [s.role for s in r.roles]

@@ -25,7 +25,7 @@ class InstanceRanks:
 
 
 @dataclass(frozen=True)
-class MpiWorld:
+class RankLayout:
     prefill: tuple[InstanceRanks, ...]
     decode: tuple[InstanceRanks, ...]
 
@@ -47,7 +47,7 @@ class MpiWorld:
         return format_id_groups([i.gpu_ids for i in self.instances(role)])
 
 
-def plan_mpi_world(r: BuildRequest) -> MpiWorld:
+def plan_mpi_world(r: BuildRequest) -> RankLayout:
     rank, gpu, groups = 1, 0, {}
     for spec in r.roles:
         instances = []
@@ -57,4 +57,4 @@ def plan_mpi_world(r: BuildRequest) -> MpiWorld:
                                            tuple(range(gpu, gpu + n))))
             rank, gpu = rank + n, gpu + n
         groups[spec.role] = tuple(instances)
-    return MpiWorld(groups["prefill"], groups["decode"])
+    return RankLayout(groups["prefill"], groups["decode"])

@@ -15,7 +15,7 @@ from trtpd import __version__
 from trtpd.schema.manifest import (BuildInputs, EngineBuildConfig, EngineManifest, ModelShape, StepRecord,
                                    engine_folder_name)
 from trtpd.trtllm.options import check_args, require_valid
-from trtpd.trtllm.spec import BuildRequest, RoleSpec
+from trtpd.trtllm.spec import BuildRequest, EngineRoleSpec
 from trtpd.trtllm.versions import PINNED
 
 Args = tuple[tuple[str, "str | None"], ...]
@@ -49,7 +49,7 @@ class Step:
 
 @dataclass(frozen=True)
 class RolePlan:
-    spec: RoleSpec
+    spec: EngineRoleSpec
     engine_dir: Path
     checkpoint_step: Step
     build_step: Step
@@ -81,13 +81,13 @@ class BuildPlan:
         return steps
 
 
-def checkpoint_dir(r: BuildRequest, spec: RoleSpec) -> Path:
+def checkpoint_dir(r: BuildRequest, spec: EngineRoleSpec) -> Path:
     precision = "fp8" if r.fp8 else r.weights_dtype
     suffix = f"-pp{spec.pp_size}" if spec.pp_size > 1 else ""
     return r.model_dir / "checkpoints" / f"{precision}-tp{spec.tp_size}{suffix}"
 
 
-def checkpoint_step(r: BuildRequest, spec: RoleSpec) -> Step:
+def checkpoint_step(r: BuildRequest, spec: EngineRoleSpec) -> Step:
     out = checkpoint_dir(r, spec)
     common = (("--model_dir", r.model_source),)
     if r.fp8:
@@ -104,7 +104,7 @@ def checkpoint_step(r: BuildRequest, spec: RoleSpec) -> Step:
     return step
 
 
-def build_step(r: BuildRequest, spec: RoleSpec, engine_dir: Path) -> Step:
+def build_step(r: BuildRequest, spec: EngineRoleSpec, engine_dir: Path) -> Step:
     flags = dict(r.build_flags)
     flags["gemm_plugin"] = "disable" if r.fp8 else flags.get("gemm_plugin", "auto")
     flags["use_fp8_context_fmha"] = "enable" if r.fp8 else "disable"
@@ -125,7 +125,7 @@ def build_step(r: BuildRequest, spec: RoleSpec, engine_dir: Path) -> Step:
     return step
 
 
-def planned_manifest(r: BuildRequest, spec: RoleSpec, steps: tuple[Step, Step]) -> EngineManifest:
+def planned_manifest(r: BuildRequest, spec: EngineRoleSpec, steps: tuple[Step, Step]) -> EngineManifest:
     return EngineManifest(
         backend="tensorrtllm", role=spec.role, model=ModelShape.of(r.model),
         build_config=EngineBuildConfig(
@@ -140,7 +140,7 @@ def planned_manifest(r: BuildRequest, spec: RoleSpec, steps: tuple[Step, Step]) 
         status="planned")
 
 
-def plan_role(r: BuildRequest, spec: RoleSpec) -> RolePlan:
+def plan_role(r: BuildRequest, spec: EngineRoleSpec) -> RolePlan:
     engine_dir = r.model_dir / engine_folder_name(spec.role, spec.tp_size, spec.pp_size)
     steps = (checkpoint_step(r, spec), build_step(r, spec, engine_dir))
     return RolePlan(spec, engine_dir, steps[0], steps[1], planned_manifest(r, spec, steps))

@@ -18,7 +18,7 @@ GIB = 1024 ** 3
 
 
 @dataclass(frozen=True)
-class RoleSpec:
+class EngineRoleSpec:
     role: str
     tp_size: int
     pp_size: int
@@ -80,8 +80,8 @@ class BuildRequest:
     transceiver_backend: str
     kv_transfer_timeout_ms: int
     decoupled: bool
-    prefill: RoleSpec
-    decode: RoleSpec
+    prefill: EngineRoleSpec
+    decode: EngineRoleSpec
     engines_dir: Path
     examples_dir: str
     gpus_per_node: int
@@ -94,7 +94,7 @@ class BuildRequest:
         return KvDtype.BF16 if self.weights_dtype == "bfloat16" else KvDtype.FP16
 
     @property
-    def roles(self) -> tuple[RoleSpec, RoleSpec]:
+    def roles(self) -> tuple[EngineRoleSpec, EngineRoleSpec]:
         return (self.prefill, self.decode)
 
     @property
@@ -118,7 +118,7 @@ def _pick(override, recipe_value):
 
 
 def _role_spec(role: str, recipe: RoleRecipe, o: BuildOverrides, spec: ModelSpec, fp8: bool,
-               max_input_len: int, max_output_len: int, gpu_memory_gib: float) -> RoleSpec:
+               max_input_len: int, max_output_len: int, gpu_memory_gib: float) -> EngineRoleSpec:
     tp = _pick(getattr(o, f"{role}_tp"), recipe.tp_size)
     if tp == "auto":
         tp = auto_tp(spec, 1.0 if fp8 else 2.0, gpu_memory_gib)
@@ -126,7 +126,7 @@ def _role_spec(role: str, recipe: RoleRecipe, o: BuildOverrides, spec: ModelSpec
     chunked = recipe.enable_chunked_context
     if chunked == "auto":
         chunked = num_tokens < max_input_len
-    return RoleSpec(
+    return EngineRoleSpec(
         role=role, tp_size=tp, pp_size=_pick(getattr(o, f"{role}_pp"), recipe.pp_size),
         max_batch_size=_pick(getattr(o, f"{role}_max_batch_size"), recipe.max_batch_size),
         max_num_tokens=num_tokens, max_input_len=max_input_len, max_seq_len=max_input_len + max_output_len,

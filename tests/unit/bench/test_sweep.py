@@ -10,15 +10,15 @@ from rich.console import Console
 from trtpd.bench import stats
 from trtpd.bench.client import RequestResult
 from trtpd.bench.report import Sweep, TargetInfo
-from trtpd.bench.sweep import Target, normalize_url, run_sweep, unique_labels, with_arrival
+from trtpd.bench.sweep import SweepTarget, normalize_url, run_sweep, unique_labels, with_arrival
 from trtpd.cli.bench import positive_float_list
 from trtpd.errors import ConfigError, TrtpdError
 from trtpd.sim import metrics
 from trtpd.sim.workload import generate_requests, load_workload
 
 
-def target(label: str) -> Target:
-    return Target(TargetInfo(label, "openai", f"http://127.0.0.1:9/{label}"), "tiny-llama", None, 2048)
+def target(label: str) -> SweepTarget:
+    return SweepTarget(TargetInfo(label, "openai", f"http://127.0.0.1:9/{label}"), "tiny-llama", None, 2048)
 
 
 def test_one_percentile_function_for_the_simulator_and_the_bench_tool():

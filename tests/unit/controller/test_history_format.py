@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtpd.controller.client import format_event
+from trtpd.cli.controller_client import format_event
 from trtpd.controller.rollout import RolloutPolicy, gate
 from trtpd.controller.store import AuditRow
 from trtpd.schema.slo import Slo

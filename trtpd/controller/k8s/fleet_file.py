@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from trtpd.trtllm.spec import RoleSpec
+from trtpd.trtllm.spec import EngineRoleSpec
 
 KEY_DIR = "/etc/trtpd/kv"
 KEY_FILE = f"{KEY_DIR}/key"
@@ -19,7 +19,7 @@ FLEET_DIR = "/etc/trtpd/fleet"
 FLEET_FILE = "fleet.json"
 
 
-def fleet_instance(name: str, role: str, revision: int, pod_ip: str, port: int, spec: RoleSpec,
+def fleet_instance(name: str, role: str, revision: int, pod_ip: str, port: int, spec: EngineRoleSpec,
                    admin_state: str = "ready") -> dict:
     """One instance as the gateway reads it. grpc_url is host:port of the pod's trtllm-serve, which speaks
     OpenAI HTTP, not Triton gRPC (see the README's Kubernetes section for what the gateway lacks there)."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from trtpd.trtllm.mpi_world import InstanceRanks, MpiWorld, plan_mpi_world
+from trtpd.trtllm.mpi_world import InstanceRanks, RankLayout, plan_mpi_world
 from trtpd.trtllm.options import check_args, require_valid
 from trtpd.trtllm.plan import BuildPlan, RolePlan
 from trtpd.trtllm.serve_config import (SERVER_START_TIMEOUT_S, ServeLayout, render_serve_files, role_llm_options,
@@ -159,7 +159,7 @@ def serve_argv(plan: BuildPlan, role: str, shape: RoleShape, fleet: K8sFleet) ->
                           f"render from the plan the engine was built with")
     fleet.engines.check_inside(shape.engine_dir, f"{role} engine_dir")
     one = (InstanceRanks(spec.role, 0, tuple(range(1, gpus + 1)), tuple(range(gpus))),)
-    world = MpiWorld(one if spec.role == "prefill" else (), one if spec.role == "decode" else ())
+    world = RankLayout(one if spec.role == "prefill" else (), one if spec.role == "decode" else ())
     layout = ServeLayout(host="0.0.0.0", first_worker_port=fleet.serve_port)
     (command,) = worker_commands(plan, world, layout, SERVE_CONFIG_DIR)
     given = {"--tokenizer": fleet.model_path, "--extra_llm_api_options": f"{SERVE_CONFIG_DIR}/{role}.yaml"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtpd.controller.client import follow, last_audit_id, open_store, require_controller, submit_and_wait
+from trtpd.cli.controller_client import follow, last_audit_id, open_store, require_controller, submit_and_wait
 from trtpd.controller.rollout import TERMINAL
 from trtpd.controller.spec import DeploymentSpec, check_revision, diff_specs, load_spec
 from trtpd.controller.store import actor
