@@ -12,7 +12,8 @@ import pytest
 from grpc.aio import _call
 
 from trtpd.deploy.spec import KEY_FILE
-from trtpd.gateway.role_client import RoleClient, SamplingInputs
+from trtpd.gateway.role_client import RoleClient
+from trtpd.orchestration.transport import SamplingInputs
 from trtpd.kv.handle import load_or_create_key_file
 
 pytestmark = pytest.mark.e2e

@@ -131,7 +131,7 @@ IO_MODULES = ("subprocess", "socket", "http.client", "urllib.request", "httpx", 
               "sqlite3", "fastapi", "uvicorn")
 SERVER_FRAMEWORKS = ("fastapi", "uvicorn", "starlette")
 PURE_CORES = ("routing", "sched", "planner", "sim", "perf", "schema", "catalog.py", "controller/reconcile.py",
-              "controller/rollout.py", "autoscale", "percentiles.py")
+              "controller/rollout.py", "autoscale", "percentiles.py", "orchestration")
 ADAPTERS = {   # modules beside the pure cores that do reach out, each named with its reason
     "schema/pbtxt.py": "parses config.pbtxt with tritonclient's protobuf message classes; no I/O",
     "perf/aiconfigurator.py": "runs NVIDIA's AIConfigurator in its own venv (numpy 2) as a subprocess",
@@ -178,7 +178,8 @@ def test_pure_cores_import_no_process_socket_or_client_module():
 
 
 def test_stub_code_imports_no_server_framework_and_no_host_control():
-    banned = SERVER_FRAMEWORKS + ("trtpd.cli", "trtpd.controller", "trtpd.fleet")
+    """...nor the gateway: the fleet's Triton entry sends its requests to the gateway process (fleet_bridge.py)."""
+    banned = SERVER_FRAMEWORKS + ("trtpd.cli", "trtpd.controller", "trtpd.fleet", "trtpd.gateway")
     assert not violations(ROOT, STUB_MODULES, banned)
 
 

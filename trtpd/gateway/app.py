@@ -35,12 +35,12 @@ from trtpd.engine.tokenizer import InvalidTextError
 from trtpd.gateway.admission import Overloaded
 from trtpd.gateway.config import GatewayConfig
 from trtpd.gateway.detok import IncrementalDetokenizer
-from trtpd.gateway.orchestrator import FleetOrchestrator, GatewayError
+from trtpd.orchestration.orchestrator import OrchestratorError
 from trtpd.gateway.responses import DONE, ResponseShape, sse
-from trtpd.gateway.role_client import SamplingInputs
-from trtpd.gateway.schemas import ChatCompletionRequest, CompletionRequest, chat_prompt, error_body
-from trtpd.gateway.service import FleetService
-from trtpd.gateway.timing import RequestTiming
+from trtpd.orchestration.transport import SamplingInputs
+from trtpd.gateway.schemas import (ChatCompletionRequest, CompletionRequest, TokenGenerateRequest, chat_prompt,
+                                   error_body)
+from trtpd.gateway.service import FleetService, ServedRequest
 
 log = logging.getLogger(__name__)
 STATUS = {"invalid_arg": 400, "unauthorized": 401, "not_found": 404, "too_large": 413, "overloaded": 429,
@@ -50,7 +50,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
 CLIENT_GONE = 499                 # nginx's "client closed request": the client left or stopped reading
 INLINE_TOKENIZE_CHARS = 4096      # longer prompts are tokenized on a worker thread, off the event loop
 PROTECTED = ("/v1/", "/metrics", "/docs", "/redoc", "/openapi.json")
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/admin/generate")
 
 
 class ApiError(Exception):
@@ -219,6 +219,52 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
             raise ApiError('the body must be {"state": "draining" | "ready"}', "invalid_arg", "state") from None
         return service.set_instance_state(name, state)
 
+    @app.post("/admin/generate")
+    async def generate_tokens(request: Request):
+        """A request in token ids from the fleet's Triton entry (TokenGenerateRequest), served as the OpenAI
+        endpoints serve theirs (admission, cohort, metrics, samples). The answer streams newline-delimited JSON:
+        one {"token_ids", "perf", "prefill_instance", "decode_instance"} per step, then {"done": true}, or
+        {"error": {"message", "kind"}} if it fails after its first step; it starts with the first step, so a
+        request refused or failed before it gets its status (429 with Retry-After, 400, 503)."""
+        _admin(request)
+        body = await _parse(request, TokenGenerateRequest)
+        max_new = _max_new_tokens(service.config, "tokens", len(body.prompt_ids), body.max_new_tokens)
+        sampling = SamplingInputs(max_new_tokens=max_new, temperature=body.temperature, top_p=body.top_p,
+                                  top_k=body.top_k, seed=body.seed, end_id=body.end_id)
+        try:
+            ticket = service.admission.admit()
+        except Overloaded as exc:
+            raise ApiError(str(exc), "overloaded", retry_after_s=exc.retry_after_s) from None
+        served = ServedRequest(service, ticket, body.request_id, body.prompt_ids, sampling)
+        steps = served.steps()
+        try:
+            first = await _until_done(request, anext(steps, None))
+        except BaseException:
+            await served.close()
+            raise
+        return StreamingResponse(_token_lines(first, steps, served, request.scope["state"]["trtpd_outcome"]),
+                                 media_type="application/x-ndjson")
+
+    async def _token_lines(first, steps, served: ServedRequest, outcome: dict):
+        def line(value: dict) -> bytes:
+            return json.dumps(value).encode() + b"\n"
+
+        def step(out) -> bytes:
+            return line({"token_ids": out.token_ids, "perf": out.perf, "prefill_instance": out.prefill_instance,
+                         "decode_instance": out.decode_instance})
+        try:
+            if first is not None:
+                yield step(first)
+                async for out in steps:
+                    yield step(out)
+            served.succeeded()
+            yield line({"done": True})
+        except OrchestratorError as exc:
+            outcome["final"] = STATUS.get(exc.kind, 500)
+            yield line({"error": {"message": str(exc), "kind": exc.kind}})
+        finally:
+            await served.close()
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": config.model_name, "object": "model", "created": 0,
@@ -290,7 +336,7 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
             status = 200
         except _SlowClient:
             return   # nothing more can reach a client that reads nothing; the send timeout closes it
-        except GatewayError as exc:
+        except OrchestratorError as exc:
             status = STATUS.get(exc.kind, 500)
             yield sse(error_body(str(exc), ERROR_TYPES[status]))
         except Exception as exc:   # never a silently truncated stream: the client hears that it failed
@@ -374,15 +420,16 @@ def _field_errors(exc: ValidationError) -> list[tuple[str | None, str]]:
 
 
 def _max_new_tokens(config: GatewayConfig, endpoint: str, num_prompt_tokens: int, asked: int | None) -> int:
+    """`endpoint`: completions, chat or tokens (POST /admin/generate): the fields an error names."""
     if num_prompt_tokens > config.max_input_len:
         raise ApiError(f"the prompt has {num_prompt_tokens} tokens, over this model's limit of "
                        f"{config.max_input_len}; shorten it", "invalid_arg",
-                       "messages" if endpoint == "chat" else "prompt", "context_length_exceeded")
+                       {"chat": "messages", "tokens": "prompt_ids"}.get(endpoint, "prompt"), "context_length_exceeded")
     room = config.max_seq_len - num_prompt_tokens
     if asked is None:
         asked = min(room, config.chat_max_tokens_cap) if endpoint == "chat" else min(room, config.default_max_tokens)
     if asked > room:
-        field = "max_completion_tokens" if endpoint == "chat" else "max_tokens"
+        field = {"chat": "max_completion_tokens", "tokens": "max_new_tokens"}.get(endpoint, "max_tokens")
         raise ApiError(f"max_tokens {asked} plus the prompt's {num_prompt_tokens} tokens exceeds the context "
                        f"length {config.max_seq_len}; ask for at most {room}", "invalid_arg", field,
                        "context_length_exceeded")
@@ -401,7 +448,7 @@ async def _until_done(request: Request, work):
                 request.scope["state"]["trtpd_outcome"]["final"] = CLIENT_GONE
                 raise ApiError("the client disconnected", "invalid_arg")
         return task.result()
-    except GatewayError as exc:
+    except OrchestratorError as exc:
         raise ApiError(str(exc), exc.kind, retry_after_s=1 if exc.kind == "unavailable" else None) from None
     finally:
         if not task.done():
@@ -459,34 +506,22 @@ class _Relay:
 
 
 class _Generation:
-    """One request's generation: tokens from the fleet turned into stable text, timed and measured."""
+    """One request's generation: the service's steps (trtpd/gateway/service.py ServedRequest: admission,
+    cohort, timing, metrics, sample) turned into stable text."""
 
     def __init__(self, service: FleetService, ticket, request_id: str, prompt_ids: list[int],
                  sampling: SamplingInputs, stop: list[str]) -> None:
-        self.service = service
-        self.ticket = ticket
-        self.request_id = request_id
+        self.served = ServedRequest(service, ticket, request_id, prompt_ids, sampling)
         self.prompt_ids = prompt_ids
         self.sampling = sampling
         self.detok = IncrementalDetokenizer(service.tokenizer, stop)
-        self.timing = RequestTiming(time.monotonic())
         self.num_tokens = 0
         self.finish_reason = "length"
-        self.perf: dict[str, float] = {}
 
     async def texts(self):
         """The stable text of each step; releases the admission slot and records metrics however it ends."""
-        orchestrator: FleetOrchestrator = self.service.orchestrator
-        error_kind, where, cohort, generation = "cancelled", ("", ""), None, None
         try:
-            await self.ticket.enter()
-            cohort = self.service.cohort()   # once admitted: the split as it is when the request starts
-            generation = orchestrator.generate(self.request_id, self.prompt_ids, self.sampling, cohort)
-            async for out in generation:
-                where = (out.prefill_instance or "", out.decode_instance or "")
-                if out.token_ids:
-                    self.timing.add_tokens(len(out.token_ids), time.monotonic())
-                self.perf.update(out.perf)
+            async for out in self.served.steps():
                 text = self._take(out.token_ids)
                 yield text
                 if self.detok.stopped or self.finish_reason == "stop":
@@ -494,21 +529,9 @@ class _Generation:
             yield self.detok.finish()
             if self.detok.stopped:
                 self.finish_reason = "stop"
-            error_kind = None
-            self.service.record(self.timing, self.perf)
-        except GatewayError as exc:
-            error_kind = exc.kind
-            raise
-        except Exception:
-            error_kind = "internal"
-            raise
+            self.served.succeeded()
         finally:
-            # the revision that served it (a request the split handed to the other cohort counts there)
-            self.service.sample(self.timing, cohort.revision if cohort else 0, error_kind, where,
-                                len(self.prompt_ids), self.perf)
-            if generation is not None:   # cancels the instance's stream if we stop early (stop string, disconnect)
-                await generation.aclose()
-            self.ticket.release()
+            await self.served.close()
 
     def _take(self, token_ids: list[int]) -> str:
         ids = []

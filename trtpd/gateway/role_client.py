@@ -1,4 +1,5 @@
-"""One sub-request to a role instance over Triton's gRPC stream (tritonclient.grpc.aio).
+"""One sub-request to a role instance over Triton's gRPC stream (tritonclient.grpc.aio): the first RoleTransport
+(trtpd/orchestration/transport.py).
 
 The tensors and parameters are the ones the in-server orchestrator sends (trtpd/serving/bls_model.py):
 TensorRT-LLM's `tensorrt_llm` interface, `request_type` context_only / generation_only, the signed
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -18,6 +18,7 @@ import tritonclient.grpc.aio as grpcaio
 from tritonclient.utils import InferenceServerException
 
 from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
+from trtpd.orchestration.transport import RoleChunk, RoleError, SamplingInputs
 from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
 from trtpd import error_kinds
 
@@ -25,44 +26,15 @@ OUTPUTS = ("output_ids", "sequence_length", "context_phase_params") + PERF_NAMES
 _DTYPES = {np.int32: "INT32", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL", np.uint8: "UINT8"}
 
 
-class RoleError(Exception):
-    """A sub-request failed; `kind` says whose fault: invalid_arg (the client), unavailable (the instance is
-    gone or refused for now), internal (a server fault)."""
-
-    def __init__(self, message: str, kind: str, instance: str, transport: bool = False) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.instance = instance
-        self.transport = transport   # the instance itself could not be reached or broke the stream
-
-
-@dataclass
-class SamplingInputs:
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    end_id: int = -1
-
-    def tensors(self) -> dict[str, np.ndarray]:
-        return {"request_output_len": np.array([[self.max_new_tokens]], np.int32),
-                "end_id": np.array([[self.end_id]], np.int32),
-                "temperature": np.array([[self.temperature]], np.float32),
-                "runtime_top_p": np.array([[self.top_p]], np.float32),
-                "runtime_top_k": np.array([[self.top_k]], np.int32),
-                "seed": np.array([[self.seed]], np.uint64),
-                "streaming": np.array([[True]], np.bool_)}
-
-
-@dataclass
-class RoleChunk:
-    """One streamed response of a role instance."""
-
-    token_ids: list[int]
-    handle: bytes | None = None
-    perf: dict[str, float] = field(default_factory=dict)
-    final: bool = False
+def sampling_tensors(sampling: SamplingInputs) -> dict[str, np.ndarray]:
+    """The sampling inputs as the role models' tensors (TensorRT-LLM's `tensorrt_llm` model interface)."""
+    return {"request_output_len": np.array([[sampling.max_new_tokens]], np.int32),
+            "end_id": np.array([[sampling.end_id]], np.int32),
+            "temperature": np.array([[sampling.temperature]], np.float32),
+            "runtime_top_p": np.array([[sampling.top_p]], np.float32),
+            "runtime_top_k": np.array([[sampling.top_k]], np.int32),
+            "seed": np.array([[sampling.seed]], np.uint64),
+            "streaming": np.array([[True]], np.bool_)}
 
 
 def _role_error(message: str, instance: str) -> RoleError:
@@ -82,7 +54,7 @@ def _infer_inputs(tensors: dict[str, np.ndarray]) -> list:
 
 
 class RoleClient:
-    """A gRPC connection to one instance (kept open; calls multiplex over it)."""
+    """A gRPC connection to one instance (kept open; calls multiplex over it): a RoleTransport."""
 
     def __init__(self, name: str, url: str, model: str, key: bytes) -> None:
         self.name = name
@@ -97,7 +69,8 @@ class RoleClient:
                      handle: bytes | None = None, layerwise: bool = True) -> AsyncIterator[RoleChunk]:
         """Sends one request and yields its responses until the final one; cancels it if the consumer stops."""
         ids = np.array([prompt_ids], dtype=np.int32)
-        tensors = {"input_ids": ids, "input_lengths": np.array([[len(prompt_ids)]], np.int32), **sampling.tensors()}
+        tensors = {"input_ids": ids, "input_lengths": np.array([[len(prompt_ids)]], np.int32),
+                   **sampling_tensors(sampling)}
         if handle is not None:
             tensors["context_phase_params"] = np.frombuffer(handle, dtype=np.uint8).reshape(1, -1)
         params = {AUTH_PARAMETER: orchestrator_token(self.key, request_type, ids, time.time())}

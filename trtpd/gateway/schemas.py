@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 
 MAX_STOP_STRINGS = 4
 U64_MAX = 2 ** 64 - 1
+I32_MAX = 2 ** 31 - 1
 
 
 def _utf8(text: str) -> str:
@@ -150,6 +151,21 @@ class ChatCompletionRequest(_Sampling):
     @property
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+class TokenGenerateRequest(BaseModel):
+    """POST /admin/generate: a request already in token ids, from the fleet's Triton entry (its BLS stub sends
+    each of its clients' requests here, so they pass the gateway's admission, cohort, metrics and samples)."""
+
+    model_config = ConfigDict(extra="forbid")
+    request_id: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    prompt_ids: list[Annotated[int, Field(ge=0, le=I32_MAX)]] = Field(min_length=1)
+    max_new_tokens: int = Field(ge=1)
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=U64_MAX)
+    end_id: int = Field(default=-1, ge=-1, le=I32_MAX)      # -1: no end id
 
 
 def chat_prompt(messages: list[ChatMessage]) -> str:

@@ -1,5 +1,8 @@
-"""The gateway's long-lived parts: role clients, the routing core fed by instance probes, admission,
-metrics. The HTTP layer (app.py) calls it; tests can build one against any fleet."""
+"""The fleet's request service: role clients, the routing core fed by instance probes, admission, the canary
+cohort, metrics and the controller's request samples. Every request to a fleet goes through `ServedRequest`,
+whichever face it came in by: the gateway's OpenAI HTTP (app.py) or the fleet's Triton entry (the
+`disagg_bls` stub, trtpd/serving/fleet_bridge.py), so the rollout gate and the autoscaler see both alike.
+Tests can build one against any fleet."""
 
 from __future__ import annotations
 
@@ -10,12 +13,15 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from trtpd.gateway.admission import Admission
+from collections.abc import AsyncIterator
+
+from trtpd.gateway.admission import Admission, Ticket
 from trtpd.gateway.config import GatewayConfig
 from trtpd.gateway.loads import probe
 from trtpd.gateway.metrics import PHASES, GatewayMetrics
-from trtpd.gateway.orchestrator import FleetOrchestrator
 from trtpd.gateway.role_client import RoleClient
+from trtpd.orchestration.orchestrator import Generated, Orchestrator, OrchestratorError
+from trtpd.orchestration.transport import SamplingInputs
 from trtpd.gateway.timing import RequestTiming
 from trtpd.percentiles import quantile
 from trtpd.routing.cohorts import Cohort, Split
@@ -37,7 +43,7 @@ class FleetService:
         self.key = load_or_create_key_file(config.key_file)
         self.router = Router(policy or RoutingPolicy(tie_break="least_recent"))
         self.clients: dict[str, RoleClient] = {}
-        self.orchestrator: FleetOrchestrator | None = None
+        self.orchestrator: Orchestrator | None = None
         self.admission = Admission(config.max_inflight, config.max_queued, on_change=self._admission_changed)
         self._poller: asyncio.Task | None = None
         self.views: list[InstanceView] = []
@@ -51,7 +57,7 @@ class FleetService:
     async def start(self) -> None:
         cfg = self.config
         self.clients = {i.name: RoleClient(i.name, i.grpc_url, i.model, self.key) for i in cfg.instances}
-        self.orchestrator = FleetOrchestrator(cfg.mode, self.router, self.clients,
+        self.orchestrator = Orchestrator(cfg.mode, self.router, self.clients,
                                               wait_for_instance_s=cfg.wait_for_instance_s, give_up=self.give_up_kv)
         self.reload()
         await self.poll_once()
@@ -267,3 +273,72 @@ class FleetService:
         m.finished.inc()
         if timing.meets(self.config.slo):
             m.slo_met.inc()
+
+
+class ServedRequest:
+    """One request through the fleet service: its admission ticket (admitted by the caller, so that a refusal
+    is answered before anything streams), its cohort (the canary split when it enters), the orchestrator's
+    steps, its timing; `close()` records its metrics (when it succeeded) and its sample, cancels what still
+    runs on the instances and releases its slot, exactly once, however it ended."""
+
+    def __init__(self, service: FleetService, ticket: Ticket, request_id: str, prompt_ids: list[int],
+                 sampling: SamplingInputs, arrival_s: float | None = None) -> None:
+        self.service = service
+        self.ticket = ticket
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.timing = RequestTiming(time.monotonic() if arrival_s is None else arrival_s)
+        self.perf: dict[str, float] = {}
+        self.where = ("", "")                 # (prefill instance, decode or colocated instance)
+        self.error_kind: str | None = "cancelled"   # until it fails with a kind or its consumer says it succeeded
+        self.cohort = None
+        self._steps = None          # the orchestrator's generator
+        self._iterating = None      # steps()'s
+        self._closed = False
+
+    def steps(self) -> AsyncIterator[Generated]:
+        """The orchestrator's steps once the ticket holds a slot; OrchestratorError as it raises it. Iterate it
+        once; close() ends it if its consumer stopped early."""
+        self._iterating = self._iterate()
+        return self._iterating
+
+    async def _iterate(self) -> AsyncIterator[Generated]:
+        await self.ticket.enter()
+        self.cohort = self.service.cohort()   # once admitted: the split as it is when the request starts
+        self._steps = self.service.orchestrator.generate(self.request_id, self.prompt_ids, self.sampling,
+                                                         self.cohort)
+        try:
+            async for out in self._steps:
+                self.where = (out.prefill_instance or "", out.decode_instance or "")
+                if out.token_ids:
+                    self.timing.add_tokens(len(out.token_ids), time.monotonic())
+                self.perf.update(out.perf)
+                yield out
+        except OrchestratorError as exc:
+            self.error_kind = exc.kind
+            raise
+        except Exception:
+            self.error_kind = "internal"
+            raise
+
+    def succeeded(self) -> None:
+        """Its consumer got what it asked for (the last token, or a stop string ended it early)."""
+        self.error_kind = None
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.error_kind is None:
+                self.service.record(self.timing, self.perf)
+            # the revision that served it (a request the split handed to the other cohort counts there)
+            self.service.sample(self.timing, self.cohort.revision if self.cohort else 0, self.error_kind,
+                                self.where, len(self.prompt_ids), self.perf)
+            if self._iterating is not None:
+                await self._iterating.aclose()
+            if self._steps is not None:   # cancels the instances' streams if it stopped early
+                await self._steps.aclose()
+        finally:
+            self.ticket.release()

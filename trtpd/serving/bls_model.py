@@ -95,6 +95,11 @@ class _Job:
         if self.wants_logits and outputs.get("generation_logits") is not None:
             self.logits.append(outputs["generation_logits"])
 
+    def ended_by_engine(self) -> bool:
+        """Its last token ends it in the engine too (the length, the end id), not only here (a stop word)."""
+        return len(self.tokens) >= self.max_tokens or (self.end_id is not None and bool(self.tokens)
+                                                       and self.tokens[-1] == self.end_id)
+
     def is_last(self, token: int) -> bool:
         return (len(self.tokens) >= self.max_tokens or (self.end_id is not None and token == self.end_id)
                 or any(ends_with(self.tokens, w) for w in self.stop_words))   # as the engine decides
@@ -256,9 +261,10 @@ class DisaggBls:
                 self.jobs.pop(job, None)
 
     def _through_fleet(self, job: _Job, slot: Slot) -> None:
-        """Prefill and decode on the fleet's instances (or a colocated one), as the routing core decides."""
-        from trtpd.gateway.orchestrator import GatewayError
-        from trtpd.gateway.role_client import SamplingInputs
+        """Prefill and decode on the fleet's instances (or a colocated one), through the fleet's gateway, which
+        admits, routes, measures and samples the request as it does its OpenAI clients' (fleet_bridge.py)."""
+        from trtpd.orchestration.transport import SamplingInputs
+        from trtpd.serving.fleet_bridge import BridgeError
 
         def value(name: str, default, kind):
             return kind(job.inputs[name].reshape(-1)[0]) if name in job.inputs else default
@@ -267,23 +273,28 @@ class DisaggBls:
                                   top_p=value("runtime_top_p", 1.0, float), top_k=value("runtime_top_k", 0, int),
                                   seed=value("seed", 0, int), end_id=-1 if job.end_id is None else job.end_id)
         ids = [int(t) for t in job.inputs["input_ids"].reshape(-1)]
-        steps = self.fleet.generate(uuid.uuid4().hex[:16], ids, sampling)
         try:
-            for step in steps:
+            request = self.fleet.serve(uuid.uuid4().hex[:16], ids, sampling)
+        except BridgeError as exc:
+            raise BlsError(str(exc), exc.kind) from None
+        try:
+            for step in request:
                 slot.release()
-                if job.cancelled():   # the client went away: closing the steps cancels the remote request
+                if job.cancelled():   # the client went away: closing the request cancels the remote one
                     return
-                for name, ms in step.perf.items():
+                for name, ms in step["perf"].items():
                     if name in PERF_NAMES and name not in job.perf:
                         dtype = np.int64 if name == "kv_transfer_bytes" else np.float32
                         job.perf[name] = np.array([[ms]], dtype=dtype)
-                job.send_tokens(step.token_ids)
+                job.send_tokens(step["token_ids"])
                 if job.finished:
+                    if job.ended_by_engine():   # the fleet ends it too: read its end, so it counts as served
+                        request.finish()
                     return
-        except GatewayError as exc:
+        except BridgeError as exc:
             raise BlsError(str(exc), exc.kind) from None
         finally:
-            steps.close()
+            request.close()
 
     def _keep_perf(self, job: _Job, outputs: dict) -> None:
         """First report wins: prefill's own timings over decode's view of them."""

@@ -13,14 +13,14 @@ import pytest
 from trtpd.engine.tokenizer import Tokenizer
 from trtpd.gateway.app import create_app
 from trtpd.gateway.config import GatewayConfig
-from trtpd.gateway.orchestrator import GatewayError, Generated
+from trtpd.orchestration.orchestrator import OrchestratorError, Generated
 from trtpd.gateway.service import FleetService
 
 
 class ScriptedOrchestrator:
     """Yields the tokens of `text` one by one (then EOS), or fails as told."""
 
-    def __init__(self, tokenizer, text: str, fail: GatewayError | None = None, hold: asyncio.Event | None = None):
+    def __init__(self, tokenizer, text: str, fail: OrchestratorError | None = None, hold: asyncio.Event | None = None):
         self.ids = tokenizer.encode(text, add_bos=False)
         self.fail = fail
         self.hold = hold
@@ -177,7 +177,7 @@ def test_a_body_over_the_limit_is_refused_with_413(folder, tmp_path):
 def test_server_faults_are_5xx_and_the_queue_answers_429_when_full(folder, tmp_path):
     hold = asyncio.Event()
     svc = ScriptedService(make_config(folder, tmp_path, max_inflight=1, max_queued=1), hold=hold,
-                          fail=GatewayError("no decode instance is ready", "unavailable"))
+                          fail=OrchestratorError("no decode instance is ready", "unavailable"))
 
     async def go():
         async with client(svc) as c:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from trtpd.gateway.config import from_fleet_file
-from trtpd.gateway.orchestrator import FleetOrchestrator
-from trtpd.gateway.role_client import RoleChunk, SamplingInputs
+from trtpd.orchestration.orchestrator import Orchestrator
+from trtpd.orchestration.transport import RoleChunk, SamplingInputs
 from trtpd.gateway.service import FleetService
 from trtpd.routing.core import InstanceView, Router
 
@@ -167,7 +167,7 @@ def test_a_request_waits_for_a_replacement_instance():
     router = Router()
     router.update([InstanceView("prefill-0", "prefill")], 0.0)   # no decode instance at all yet
     clients = {"prefill-0": _FakeClient("prefill-0"), "decode-1": _FakeClient("decode-1")}
-    orch = FleetOrchestrator("disaggregated", router, clients, wait_for_instance_s=5.0)
+    orch = Orchestrator("disaggregated", router, clients, wait_for_instance_s=5.0)
 
     async def go():
         async def replacement():
@@ -183,14 +183,14 @@ def test_a_request_waits_for_a_replacement_instance():
 
 
 def test_without_waiting_no_instance_is_an_immediate_503():
-    from trtpd.gateway.orchestrator import GatewayError
+    from trtpd.orchestration.orchestrator import OrchestratorError
     router = Router()
     router.update([InstanceView("prefill-0", "prefill")], 0.0)
-    orch = FleetOrchestrator("disaggregated", router, {"prefill-0": _FakeClient("prefill-0")})
+    orch = Orchestrator("disaggregated", router, {"prefill-0": _FakeClient("prefill-0")})
 
     async def go():
         return [g async for g in orch.generate("r", [1, 2, 3], SamplingInputs(max_new_tokens=1))]
-    with pytest.raises(GatewayError, match="no decode instance"):
+    with pytest.raises(OrchestratorError, match="no decode instance"):
         asyncio.run(go())
 
 
@@ -210,7 +210,7 @@ class _Instance:
 
 
 async def _serve(svc: FleetService, instances: dict[str, _Instance], cohort):
-    orch = FleetOrchestrator("disaggregated", svc.router, instances, wait_for_instance_s=1.0)
+    orch = Orchestrator("disaggregated", svc.router, instances, wait_for_instance_s=1.0)
     out = [g async for g in orch.generate("r", [1, 2, 3], SamplingInputs(max_new_tokens=1), cohort)]
     assert orch.holds == {} and svc.router.num_tracked_requests == 0   # nothing held once it ended
     return out

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from trtpd.gateway.orchestrator import FleetOrchestrator, GatewayError
-from trtpd.gateway.role_client import RoleChunk, RoleError, SamplingInputs
+from trtpd.orchestration.orchestrator import Orchestrator, OrchestratorError
+from trtpd.orchestration.transport import RoleChunk, RoleError, SamplingInputs
 from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 
 
@@ -50,7 +50,7 @@ def _orchestrator(decode: str = "serve", with_decode: bool = True, wait_s: float
 
     def give_up(instance, sub_id, handle):
         given_up.append(handle if handle is not None else (instance, sub_id))
-    orch = FleetOrchestrator("disaggregated", router, clients, wait_for_instance_s=wait_s, give_up=give_up)
+    orch = Orchestrator("disaggregated", router, clients, wait_for_instance_s=wait_s, give_up=give_up)
     return orch, clients, given_up
 
 
@@ -66,14 +66,14 @@ def test_a_pulled_handle_is_not_given_up():
 
 def test_a_handle_no_decode_can_take_is_given_up():
     orch, _, given_up = _orchestrator(with_decode=False)
-    with pytest.raises(GatewayError, match="no decode instance"):
+    with pytest.raises(OrchestratorError, match="no decode instance"):
         asyncio.run(_all(orch))
     assert given_up == [b"kv-of-r-p1"]
 
 
 def test_a_decode_that_failed_before_streaming_gives_up_that_attempts_handle_only():
     orch, _, given_up = _orchestrator(decode="fail once")
-    with pytest.raises(GatewayError, match="before the first token"):
+    with pytest.raises(OrchestratorError, match="before the first token"):
         asyncio.run(_all(orch))
     assert given_up == [b"kv-of-r-p1"]
     orch, _, given_up = _orchestrator(decode="fail once", policy=RoutingPolicy(max_decode_attempts=2), num_decode=2)
@@ -113,7 +113,7 @@ def test_a_client_that_left_while_prefill_answered_gives_the_request_up_by_id():
 
 def test_a_prefill_that_answered_with_an_error_is_not_given_up():
     orch, _, given_up = _orchestrator(prefill="fail")
-    with pytest.raises(GatewayError):
+    with pytest.raises(OrchestratorError):
         asyncio.run(_all(orch))
     assert given_up == []
 

@@ -1,6 +1,8 @@
 """A request's way through the fleet: prefill on one instance, decode on another, as the routing core
 decides, with the retries it allows (a KV pull that fails because prefill died is prefilled again
 elsewhere). Yields the generated tokens as they arrive; every path releases the router's accounting.
+The one orchestrator: the gateway and the fleet's Triton entry run it (trtpd/gateway/service.py), over any
+RoleTransport (transport.py).
 """
 
 from __future__ import annotations
@@ -11,16 +13,16 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from trtpd.gateway.role_client import RoleChunk, RoleClient, RoleError, SamplingInputs
+from trtpd.orchestration.transport import RoleChunk, RoleError, RoleTransport, SamplingInputs
 from trtpd.routing.cohorts import Cohort
 from trtpd.routing.core import Route, Router
 
 MAX_REGROUPS = 2   # prefills again because the request's cohort moved away from the instance holding its KV
 
 
-class GatewayError(Exception):
-    """A request the gateway could not serve; `kind` maps to the HTTP status (invalid_arg 400,
-    unavailable 503, overloaded 429, internal 500)."""
+class OrchestratorError(Exception):
+    """A request the fleet could not serve; `kind` maps to the HTTP status (invalid_arg 400, unavailable 503,
+    overloaded 429, internal 500) and to Triton's error codes at the Triton entry."""
 
     def __init__(self, message: str, kind: str = "internal") -> None:
         super().__init__(message)
@@ -37,17 +39,27 @@ class Generated:
     decode_instance: str | None = None
 
 
-class FleetOrchestrator:
-    def __init__(self, mode: str, router: Router, clients: dict[str, RoleClient],
+class Orchestrator:
+    def __init__(self, mode: str, router: Router, clients: dict[str, RoleTransport],
                  clock: Callable[[], float] = time.monotonic, wait_for_instance_s: float = 0.0,
-                 give_up: Callable[[str, str, bytes | None], None] | None = None) -> None:
-        """wait_for_instance_s: a request that finds no instance of a role it needs (all busy elsewhere, dead and
+                 give_up: Callable[[str, str, bytes | None], None] | None = None,
+                 first_token_at: str = "decode") -> None:
+        """first_token_at: where the client's first token comes from when prefill's answer carries one (TensorRT-LLM's
+        after-prefill transfer; decode then repeats it): "decode" (the default: prefill's token is not sent, decode's
+        stream goes as it is, as trtllm-serve's disaggregated server does; a decode that fails before its first
+        token can still be retried elsewhere) or "prefill" (sent at once, a shorter TTFT, as the single server's
+        BLS does; decode's repeat is checked and dropped; no retry once it is sent). A prefill that answers with
+        no token (the reference backend's layerwise transfer) makes the two the same.
+        wait_for_instance_s: a request that finds no instance of a role it needs (all busy elsewhere, dead and
         being replaced by the controller, draining) waits this long for one before it fails (503).
         give_up(instance, sub_request_id, handle or None): told (it must not block) of a prefill export that no
         decode will pull: the request ended or moved on first (the client went away, no decode could take it, it
         is prefilled again), so that prefill frees those blocks now rather than at the export's deadline; without
         a handle (the client left while prefill's answer was on its way) by the sub-request's id."""
+        if first_token_at not in ("decode", "prefill"):
+            raise ValueError(f"first_token_at {first_token_at!r}: expected decode or prefill")
         self.mode = mode
+        self.first_token_at = first_token_at
         self.give_up = give_up
         self.wait_for_instance_s = wait_for_instance_s
         self.router = router
@@ -75,47 +87,54 @@ class FleetOrchestrator:
     # ---- disaggregated -----------------------------------------------------------------------
     async def _disaggregated(self, request_id: str, ids: list[int], sampling: SamplingInputs, cohort: Cohort):
         attempt, regroups, failed = 1, 0, frozenset()   # failed: instances that failed this request
+        sent: list[int] = []     # prefill's first token(s), sent to the client (first_token_at "prefill")
         while True:
             prefill = await self._pick(cohort, lambda ex: self.router.pick_prefill(
                 request_id, len(ids), self.clock(), ex | failed))
             if prefill is None:
-                raise GatewayError("no prefill instance is ready; retry later", "unavailable")
+                raise OrchestratorError("no prefill instance is ready; retry later", "unavailable")
             held = _Holds(self.holds, prefill.instance)
             exported, streamed, sub_id = _Export(), False, f"{request_id}-p{attempt}"
             try:
                 try:
-                    handle, perf = await self._prefill(prefill.instance, sub_id, ids, sampling, exported)
+                    handle, perf, first = await self._prefill(prefill.instance, sub_id, ids, sampling, exported)
                 except RoleError as exc:
                     held.drop(prefill.instance)
                     failed, attempt = self._decide(request_id, "prefill", exc, attempt, failed)
                     continue
                 self.router.prefill_done(request_id)
+                if first and self.first_token_at == "prefill":
+                    sent = first
+                    yield Generated(list(first), dict(perf), prefill.instance, None)
+                repeat = list(first)      # decode streams prefill's token(s) again: dropped when already sent
                 # the KV is on prefill.instance: a cohort that now excludes it has no decode that can read it
                 decode = await self._pick(cohort, lambda ex: self.router.pick_decode(
                     request_id, len(ids), sampling.max_new_tokens, self.clock(), ex | failed),
                     stranded=lambda ex: prefill.instance in ex)
-                if decode is None and prefill.instance in cohort.exclude and regroups < MAX_REGROUPS:
+                if decode is None and prefill.instance in cohort.exclude and regroups < MAX_REGROUPS and not sent:
                     # the split moved on (a rollout promoted or rolled back) while this request was prefilled:
                     # prefill again within the cohort it belongs to now
                     regroups, attempt = regroups + 1, attempt + 1
                     continue
                 if decode is None:
-                    raise GatewayError("no decode instance can take this request now; retry later", "unavailable")
+                    raise OrchestratorError("no decode instance can take this request now; retry later", "unavailable")
                 held.add(decode.instance)
                 try:
                     async for chunk in self.clients[decode.instance].stream(
                             f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle):
-                        if chunk.token_ids and not streamed:
+                        tokens = chunk.token_ids
+                        if tokens and not streamed:
                             self.router.decode_started(request_id)   # its metrics count the request from now on
                             held.drop(prefill.instance)               # the KV is pulled: prefill holds nothing
-                        if chunk.token_ids or chunk.final:
-                            streamed = streamed or bool(chunk.token_ids)
-                            yield Generated(chunk.token_ids, {**perf, **chunk.perf}, prefill.instance,
-                                            decode.instance)
+                            streamed = True
+                            if sent:
+                                tokens = self._drop_repeat(tokens, repeat, decode.instance)
+                        if tokens or chunk.final:
+                            yield Generated(tokens, {**perf, **chunk.perf}, prefill.instance, decode.instance)
                     return
                 except RoleError as exc:
-                    if streamed:   # the client has part of the answer: no retry can continue it
-                        raise GatewayError(f"decode instance {decode.instance} failed mid-stream: {exc}",
+                    if streamed or sent:   # the client has part of the answer: no retry can continue it
+                        raise OrchestratorError(f"decode instance {decode.instance} failed mid-stream: {exc}",
                                            _http_kind(exc.kind)) from None
                     # the decode model's own "unavailable" is a KV pull that failed (prefill gone, export
                     # expired); a decode instance that cannot be reached is decode's failure, not prefill's
@@ -130,31 +149,42 @@ class FleetOrchestrator:
                 if not streamed and self.give_up is not None and (exported.handle is not None or exported.waiting):
                     self.give_up(prefill.instance, sub_id, exported.handle)
 
+    @staticmethod
+    def _drop_repeat(tokens: list[int], repeat: list[int], instance: str) -> list[int]:
+        """Decode's first tokens are prefill's again (TensorRT-LLM's generation_only answer starts with them):
+        checked, then dropped, as they were sent already."""
+        if tokens[:len(repeat)] != repeat:
+            raise OrchestratorError(f"decode instance {instance}'s first token {tokens[:len(repeat)]} differs from "
+                                    f"prefill's {repeat}", "internal")
+        return tokens[len(repeat):]
+
     async def _prefill(self, instance: str, sub_id: str, ids: list[int], sampling: SamplingInputs,
-                       exported: "_Export") -> tuple[bytes, dict[str, float]]:
-        handle, perf = None, {}
+                       exported: "_Export") -> tuple[bytes, dict[str, float], list[int]]:
+        """(handle, perf, the token(s) prefill generated, if its answer carries them)."""
+        handle, perf, first = None, {}, []
         exported.waiting = True
         try:
             async for chunk in self.clients[instance].stream(sub_id, "context_only", ids, sampling):
                 handle = exported.handle = chunk.handle or handle
                 perf.update(chunk.perf)
+                first = first or list(chunk.token_ids)
         except RoleError:
             exported.waiting = False    # prefill answered with an error: nothing was exported
             raise
         exported.waiting = False
         if handle is None:
             raise RoleError(f"prefill instance {instance} returned no context_phase_params", "internal", instance)
-        return handle, perf
+        return handle, perf, first
 
     def _decide(self, request_id: str, stage: str, exc: RoleError, attempt: int, failed: frozenset[str],
                 culprit: str | None = None) -> tuple[frozenset[str], int]:
-        """Asks the routing core what to do about a failed step; raises GatewayError unless it retries.
+        """Asks the routing core what to do about a failed step; raises OrchestratorError unless it retries.
         Returns the instances that failed this request so far, and the next attempt."""
         decision = self.router.on_failure(request_id, stage, exc.kind, attempt, culprit or exc.instance, self.clock())
         limit = self.router.policy.max_decode_attempts if stage == "decode" else self.router.policy.max_prefill_attempts
         if decision.action == "fail" and not (self.wait_for_instance_s > 0 and exc.kind == "unavailable"
                                               and decision.error_kind == "unavailable" and attempt < limit):
-            raise GatewayError(decision.message or str(exc), _http_kind(decision.error_kind))
+            raise OrchestratorError(decision.message or str(exc), _http_kind(decision.error_kind))
         # a retry, or one whose only obstacle is that no other instance is ready now: the next pick waits for one
         return failed | decision.exclude, attempt + 1
 
@@ -183,7 +213,7 @@ class FleetOrchestrator:
             route = await self._pick(cohort, lambda ex: self.router.pick_colocated(
                 request_id, len(ids), sampling.max_new_tokens, self.clock(), ex | failed))
             if route is None:
-                raise GatewayError("no colocated instance can take this request now; retry later", "unavailable")
+                raise OrchestratorError("no colocated instance can take this request now; retry later", "unavailable")
             streamed = False
             held = _Holds(self.holds, route.instance)
             try:
@@ -197,7 +227,7 @@ class FleetOrchestrator:
                 return
             except RoleError as exc:
                 if streamed:
-                    raise GatewayError(f"instance {route.instance} failed mid-stream: {exc}",
+                    raise OrchestratorError(f"instance {route.instance} failed mid-stream: {exc}",
                                        _http_kind(exc.kind)) from None
                 failed, attempt = self._decide(request_id, "decode", exc, attempt, failed)
             finally:
@@ -241,4 +271,4 @@ def _http_kind(kind: str) -> str:
     return kind if kind in ("invalid_arg", "unavailable", "internal") else "internal"
 
 
-__all__ = ["FleetOrchestrator", "Generated", "GatewayError", "RoleChunk"]
+__all__ = ["Orchestrator", "Generated", "OrchestratorError", "RoleChunk"]
