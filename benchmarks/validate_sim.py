@@ -26,7 +26,7 @@ from trtpd.engine.reference_engines import build_reference
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.perf.hardware import load_hardware
 from trtpd.repo.reference import ReferenceDeployment
-from trtpd.serving import deployment
+from trtpd.fleet import deployment
 from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
 from trtpd.sim.metrics import latencies
 from trtpd.sim.simulator import simulate

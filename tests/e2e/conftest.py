@@ -20,8 +20,8 @@ import tritonclient.grpc as grpcclient
 from trtpd.bench.client import BenchRequest, run_stream
 from trtpd.deploy.spec import KEY_FILE, ReferenceDeployment
 from trtpd.repo.reference import render_reference_repository
-from trtpd.serving import deployment
-from trtpd.serving.tritonserver import start_server, stop_server, wait_ready
+from trtpd.fleet import deployment
+from trtpd.fleet.tritonserver import start_server, stop_server, wait_ready
 
 pytestmark = pytest.mark.e2e
 ROLE_MODELS = ("prefill", "decode", "colocated")

@@ -11,7 +11,7 @@ from tests.e2e.conftest import Server
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.catalog import get_model
 from trtpd.deploy.spec import KV_TRANSPORTS, ReferenceDeployment
-from trtpd.serving import deployment
+from trtpd.fleet import deployment
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ import pytest
 
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.kv.frame import ErrorCode
-from trtpd.serving.server_guard import ADMIN_HEADER, ADMIN_KEY_FILE
+from trtpd.fleet.server_guard import ADMIN_HEADER, ADMIN_KEY_FILE
 
 pytestmark = pytest.mark.e2e
 ATTACKER_UID = 65534

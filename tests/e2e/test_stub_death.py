@@ -17,7 +17,8 @@ import pytest
 
 from trtpd.bench.client import BenchRequest, run_stream
 from trtpd.deploy.spec import ReferenceDeployment
-from trtpd.serving import deployment, stub_watch
+from trtpd.fleet import deployment
+from trtpd.serving import stub_watch
 
 pytestmark = pytest.mark.e2e
 NUM_STREAMS = 8

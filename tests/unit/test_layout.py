@@ -136,9 +136,7 @@ ADAPTERS = {   # modules beside the pure cores that do reach out, each named wit
     "schema/pbtxt.py": "parses config.pbtxt with tritonclient's protobuf message classes; no I/O",
     "perf/aiconfigurator.py": "runs NVIDIA's AIConfigurator in its own venv (numpy 2) as a subprocess",
 }
-STUB_MODULES = ("serving/role_model.py", "serving/bls_model.py", "serving/text_models.py", "serving/pb.py",
-                "serving/metrics.py", "serving/request_parsing.py", "serving/admission.py", "serving/fleet_bridge.py",
-                "engine", "kv")
+STUB_MODULES = ("serving", "engine", "kv")     # serving/ is the stub's package, whole (host control is in fleet/)
 GATEWAY = ("gateway",)
 
 

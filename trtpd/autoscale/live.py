@@ -15,6 +15,7 @@ from typing import Protocol
 
 from trtpd.autoscale.core import AutoscalePolicy, Autoscaler, FleetObservation, RoleObservation, RolePerf
 from trtpd.percentiles import quantile
+from trtpd.schema.request_sample import RequestSample
 from trtpd.schema.slo import Slo
 
 REFERENCE_HARDWARE = "cpu-reference"
@@ -70,26 +71,26 @@ class Instance(Protocol):
     state: str
 
 
-def observe(now_s: float, window_s: float, samples: list[dict], health: dict | None, table: list[Instance],
+def observe(now_s: float, window_s: float, samples: list[RequestSample], health: dict | None, table: list[Instance],
             slo: Slo) -> FleetObservation:
     """`samples`: the gateway's finished requests (GET /admin/requests) of the last `window_s`; `health`: its
     /health body; `table`: the controller's instance table."""
     q = slo.attainment
-    recent = [s for s in samples if s["t"] >= now_s - window_s]
-    ok = [s for s in recent if s.get("ok")]
+    recent = [s for s in samples if s.t >= now_s - window_s]
+    ok = [s for s in recent if s.ok]
     views = health["instances"] if health else []
     roles = {}
-    for role, queue_key in (("prefill", "prefill_queue_s"), ("decode", "decode_queue_s")):
+    for role in ("prefill", "decode"):
         rows = [r for r in table if r.role == role]
+        queue_s = [s.prefill_queue_s if role == "prefill" else s.decode_queue_s for s in ok]
         roles[role] = RoleObservation(
             role, sum(1 for r in rows if r.state in ("starting", "ready")),
-            sum(v["waiting"] for v in views if v["role"] == role),
-            quantile([s.get(queue_key) for s in ok], q),
-            quantile([s.get("ttft_s") for s in ok], q) if role == "prefill" else None,
-            quantile([s.get("tpot_s") for s in ok], q) if role == "decode" else None,
+            sum(v["waiting"] for v in views if v["role"] == role), quantile(queue_s, q),
+            quantile([s.ttft_s for s in ok], q) if role == "prefill" else None,
+            quantile([s.tpot_s for s in ok], q) if role == "decode" else None,
             _busy(views, role), sum(1 for r in rows if r.state == "draining"))
-    lengths_in = [s["num_prompt_tokens"] for s in ok if s.get("num_prompt_tokens")]
-    lengths_out = [s["num_tokens"] for s in ok if s.get("num_tokens")]
+    lengths_in = [s.num_prompt_tokens for s in ok if s.num_prompt_tokens]
+    lengths_out = [s.num_tokens for s in ok if s.num_tokens]
     return FleetObservation(now_s, len(recent) / window_s, sum(lengths_in) / len(lengths_in) if lengths_in else 0.0,
                             sum(lengths_out) / len(lengths_out) if lengths_out else 0.0, roles, slo)
 

@@ -23,7 +23,7 @@ from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.perf.hardware import HardwareProfile
 from trtpd.perf.measured import ServingOverhead
 from trtpd.deploy.spec import ReferenceDeployment
-from trtpd.serving import deployment
+from trtpd.fleet import deployment
 from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
 from trtpd.sim.metrics import latencies
 from trtpd.sim.simulator import simulate

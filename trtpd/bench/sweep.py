@@ -86,7 +86,7 @@ def resolve_target(name_or_url: str, model: str | None = None, api_key: str | No
         return SweepTarget(TargetInfo(f"{fleet.name} ({fleet.mode})", "openai", url, fleet.mode),
                       model or _openai_model(url, key), fleet.tokenizer_dir,
                       min((i.max_input_len for i in fleet.instances), default=DEFAULT_MAX_INPUT_LEN), key)
-    from trtpd.serving.deployment import Deployment
+    from trtpd.fleet.deployment import Deployment
 
     dep = Deployment.load(name_or_url)
     return SweepTarget(TargetInfo(f"{dep.name} ({dep.mode})", "triton", dep.server.grpc_url, dep.mode),

@@ -6,7 +6,7 @@ import time
 
 from trtpd.controller.store import ControllerStore, actor
 from trtpd.errors import TrtpdError
-from trtpd.serving import deployment
+from trtpd.fleet import deployment
 
 
 def open_store(name: str) -> ControllerStore:

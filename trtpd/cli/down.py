@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtpd.serving import deployment
+    from trtpd.fleet import deployment
 
     if args.all:
         a.refuse_given(args, ("name",), "--all stops every deployment; give --name or --all")

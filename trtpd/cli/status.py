@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from trtpd.serving import deployment
+    from trtpd.fleet import deployment
 
     from trtpd.fleet import records
     from trtpd.fleet.state import fleet_view
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
 def controller_view(name: str) -> dict | None:
     """The deployment's controller, if it has one: process, stable revision, counts, a rollout in progress."""
-    from trtpd.serving.deployment import deployment_dir
+    from trtpd.fleet.deployment import deployment_dir
 
     if not (deployment_dir(name) / "controller.db").is_file():
         return None

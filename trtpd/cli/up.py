@@ -40,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trtpd.serving import deployment
-    from trtpd.serving.tritonserver import ServerPorts
+    from trtpd.fleet import deployment
+    from trtpd.fleet.tritonserver import ServerPorts
 
     if args.spec_file:
         return run_spec(args)

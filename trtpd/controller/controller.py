@@ -20,6 +20,7 @@ from trtpd.controller.spec import DeploymentSpec, changed_roles, diff_specs
 from trtpd.controller.store import ControllerStore
 from trtpd.controller.types import Action, Executor, InstanceRow, TrafficSplit
 from trtpd.errors import TrtpdError
+from trtpd.schema.request_sample import RequestSample
 
 log = logging.getLogger(__name__)
 ACTOR = "controller"
@@ -28,7 +29,7 @@ ACTIVE = ("starting", "ready", "draining", "failed")
 
 class Controller:
     def __init__(self, store: ControllerStore, executor: Executor, *, clock: Callable[[], float] = time.time,
-                 samples: Callable[[float], list[dict]] | None = None, health: Callable[[], dict | None] | None = None,
+                 samples: Callable[[float], list[RequestSample]] | None = None, health: Callable[[], dict | None] | None = None,
                  autoscaler_for: Callable[[DeploymentSpec], object] | None = None) -> None:
         """samples(since_s): the gateway's finished requests since then; health(): its /health body;
         autoscaler_for(spec): the Autoscaler for a revision (default: the planner's models of its engines)."""
@@ -84,8 +85,8 @@ class Controller:
         if rollout is not None and rollout.phase not in TERMINAL:
             since = rollout.phase_since_s
             samples = self.samples(since) if rollout.phase == "baking" else []
-            result = step(rollout, table, [s for s in samples if s["revision"] == rollout.revision],
-                          [s for s in samples if s["revision"] == rollout.stable_revision], now, rollout_policy)
+            result = step(rollout, table, [s for s in samples if s.revision == rollout.revision],
+                          [s for s in samples if s.revision == rollout.stable_revision], now, rollout_policy)
             for event in result.events:
                 self.store.audit(ACTOR, event.pop("action"), rollout.revision, event)
             self._set_traffic(result.traffic)
@@ -176,7 +177,7 @@ class Controller:
             kept = [r for r in table if r.role not in rollout.changed_roles and r.revision == rollout.stable_revision]
             for row in kept:   # the unchanged roles' instances run the new revision's config as they are
                 self.store.put_instance(replace(row, revision=rollout.revision))
-            if kept and hasattr(self.executor, "relabel"):
+            if kept:
                 self.executor.relabel([r.name for r in kept], rollout.revision)
             self.store.put_many({"stable_revision": rollout.revision, "counts": rollout.new_counts})
             self.store.set_revision_status(rollout.stable_revision, "superseded")
@@ -229,8 +230,7 @@ class Controller:
                 table = self.store.instances(states=ACTIVE)
                 for row in table:
                     self.store.put_instance(replace(row, revision=revision))
-                if hasattr(self.executor, "relabel"):
-                    self.executor.relabel([r.name for r in table], revision)
+                self.executor.relabel([r.name for r in table], revision)
                 self.store.set_revision_status(stable, "superseded")
                 self.store.set_revision_status(revision, "promoted")
                 self.store.audit(actor, "apply_in_place", revision,

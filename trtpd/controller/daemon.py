@@ -19,7 +19,7 @@ from trtpd.controller.controller import Controller
 from trtpd.controller.spec import DeploymentSpec, check_revision, load_spec
 from trtpd.controller.store import ControllerStore, actor
 from trtpd.errors import ConfigError, TrtpdError
-from trtpd.serving import deployment
+from trtpd.fleet import deployment
 from trtpd.process_identity import is_running, start_time, stop_process
 
 TICK_S = 0.5
@@ -145,8 +145,7 @@ def run_controller(name: str, interval_s: float = TICK_S) -> None:
     store.put("controller", {"pid": os.getpid(), "start_time": start_time(os.getpid()), "started_at": time.time()})
     store.audit(actor(), "controller_started", controller.stable_revision, {"pid": os.getpid()})
     controller.run(interval_s, should_stop=lambda: bool(stopping))
-    if hasattr(controller.executor, "wait_stopped"):
-        controller.executor.wait_stopped()
+    controller.executor.wait_stopped()
     store.audit(actor(), "controller_stopped", controller.stable_revision, {"pid": os.getpid()})
 
 

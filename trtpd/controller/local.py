@@ -25,8 +25,10 @@ from trtpd.errors import TrtpdError
 from trtpd.fleet.instance import InstancePlan, instance_folder, pick_port, pick_ports, start_instance
 from trtpd.fleet.records import FleetRecord, load_fleet
 from trtpd.fleet.state import instance_state
-from trtpd.serving import deployment, stub_watch
-from trtpd.serving.tritonserver import stop_server
+from trtpd.schema.request_sample import RequestSample
+from trtpd.fleet import deployment
+from trtpd.serving import stub_watch
+from trtpd.fleet.tritonserver import stop_server
 
 STOP_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
 FORCE_STOP_TIMEOUT_S = 0.5
@@ -86,10 +88,10 @@ class LocalExecutor:
         except OSError:
             return None
 
-    def samples(self, since_s: float) -> list[dict]:
-        """Finished requests since `since_s` (unix time) from the gateway, for the rollout gate."""
+    def samples(self, since_s: float) -> list[RequestSample]:
+        """Finished requests since `since_s` (unix time) from the gateway, for the rollout gate and the autoscaler."""
         body = self._admin(self.fleet(), "GET", f"/admin/requests?since={since_s}")
-        return body["requests"] if body else []
+        return [RequestSample.from_dict(s) for s in body["requests"]] if body else []
 
     # ---- Executor ---------------------------------------------------------------------------
     def observe(self) -> list[ObservedInstance]:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from trtpd.controller.types import InstanceRow, TrafficSplit
 from trtpd.percentiles import quantile
+from trtpd.schema.request_sample import RequestSample
 from trtpd.schema.slo import Slo
 
 PHASES = ("canary", "baking", "promoting", "rolling_back", "done", "rolled_back")
@@ -78,20 +79,19 @@ def start_rollout(revision: int, stable_revision: int, changed_roles: tuple[str,
                    "canary", now_s, now_s)
 
 
-def gate(canary: list[dict], stable: list[dict], policy: RolloutPolicy) -> dict:
-    """Canary cohort vs stable cohort (samples as the gateway's GET /admin/requests gives them):
+def gate(canary: list[RequestSample], stable: list[RequestSample], policy: RolloutPolicy) -> dict:
+    """Canary cohort vs stable cohort (the gateway's finished requests):
     passed only if the canary's error rate, TTFT pP and TPOT pP (P: the SLO's attainment) meet the SLO and
     are within the allowed ratio of the stable cohort's (when the stable cohort has min_requests too)."""
     q = policy.slo.attainment
 
-    def measure(samples: list[dict]) -> dict:
-        judged = [s for s in samples if s.get("error_kind") != "cancelled"]
-        errors = [s for s in judged if s.get("error_kind") in SERVER_ERRORS]
-        ok = [s for s in judged if s.get("ok")]
+    def measure(samples: list[RequestSample]) -> dict:
+        judged = [s for s in samples if s.error_kind != "cancelled"]
+        errors = [s for s in judged if s.error_kind in SERVER_ERRORS]
+        ok = [s for s in judged if s.ok]
         return {"requests": len(judged), "errors": len(errors),
                 "error_rate": round(len(errors) / len(judged), 4) if judged else 0.0,
-                "ttft_p_s": quantile([s.get("ttft_s") for s in ok], q),
-                "tpot_p_s": quantile([s.get("tpot_s") for s in ok], q)}
+                "ttft_p_s": quantile([s.ttft_s for s in ok], q), "tpot_p_s": quantile([s.tpot_s for s in ok], q)}
 
     c, s = measure(canary), measure(stable)
     failures = []
@@ -112,7 +112,8 @@ def gate(canary: list[dict], stable: list[dict], policy: RolloutPolicy) -> dict:
     return {"canary": c, "stable": s, "passed": not failures, "failures": failures}
 
 
-def step(rollout: Rollout, table: list[InstanceRow], canary_samples: list[dict], stable_samples: list[dict],
+def step(rollout: Rollout, table: list[InstanceRow], canary_samples: list[RequestSample],
+         stable_samples: list[RequestSample],
          now_s: float, policy: RolloutPolicy) -> RolloutStep:
     """One pass: the next state, what instances to want, how to split traffic."""
     live = [r for r in table if r.state in ("starting", "ready", "draining")]

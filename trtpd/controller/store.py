@@ -104,7 +104,7 @@ class ControllerStore:
     def for_deployment(cls, name: str) -> "ControllerStore":
         """$TRTPD_HOME/deployments/<name>/controller.db; the deployment's folder is made 0700 (it also holds
         the KV signing key)."""
-        from trtpd.serving.deployment import deployment_dir
+        from trtpd.fleet.deployment import deployment_dir
 
         folder = deployment_dir(name)
         folder.mkdir(parents=True, exist_ok=True)

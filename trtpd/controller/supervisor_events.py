@@ -57,7 +57,7 @@ def listen(name: str, stdin=sys.stdin, stdout=sys.stdout) -> None:
 
 def _write_audit(name: str, record: dict) -> None:
     from trtpd.controller.store import ControllerStore
-    from trtpd.serving import deployment
+    from trtpd.fleet import deployment
 
     if not (deployment.deployment_dir(name) / "controller.db").is_file():
         print(json.dumps({"ts": time.time(), **record}), file=sys.stderr, flush=True)

@@ -115,3 +115,14 @@ class Executor(Protocol):
     def apply_in_place(self, settings: dict) -> None:
         """Settings that need no restart (today: {"routing": RoutingPolicy fields}), for the router to apply."""
         ...
+
+    def relabel(self, names: list[str], revision: int) -> None:
+        """After a promotion (or a change applied in place): the instances `names`, kept as they are, now belong
+        to `revision` wherever the executor records an instance's revision (an executor with no such record
+        does nothing)."""
+        ...
+
+    def wait_stopped(self) -> None:
+        """When the controller process ends: returns once the stops it asked for have finished (an executor whose
+        stops run elsewhere, e.g. Kubernetes, returns at once)."""
+        ...

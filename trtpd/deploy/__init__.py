@@ -4,5 +4,5 @@
            where the deployment's KV signing key sits next to its repository
 
 Rendering is trtpd.repo.reference; the P/D compatibility rules are trtpd.lint.engine_pair; starting
-servers is trtpd.serving.deployment (one server) and trtpd.fleet (one server per instance).
+servers is trtpd.fleet.deployment (one server) and trtpd.fleet (one server per instance).
 """

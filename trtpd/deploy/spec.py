@@ -1,6 +1,6 @@
 """The reference backend's deployment spec: engines, instance counts, KV transport, key placement.
 
-A frozen dataclass that the single-server path (trtpd.serving.deployment), the fleet (trtpd.fleet),
+A frozen dataclass that the single-server path (trtpd.fleet.deployment), the fleet (trtpd.fleet),
 the CLI and bench all pass around; rendering it into a model repository is trtpd.repo.reference.
 """
 

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.generation_engine import GenerationEngine, Sequence
 from trtpd.engine.model import LlamaModel
+from trtpd.engine.protocol import EngineHooks
 from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType
 from trtpd.kv.pool import KvPool
 
@@ -121,6 +122,10 @@ class DecodeEngine(GenerationEngine):
             return outputs
         return outputs + self._step_rows(self._decode_chunks(plan.decode), "decode step")
 
+    def bind(self, hooks: EngineHooks) -> None:
+        self.wakeup = hooks.wakeup               # a KV pull finished: its sequence can decode
+
     def close(self) -> None:
         self.pulls.shutdown(wait=True, cancel_futures=True)
         self.give_ups.shutdown(wait=True, cancel_futures=True)
+        self.importer.close()

@@ -15,6 +15,7 @@ import torch
 
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
+from trtpd.engine.protocol import EngineHooks
 from trtpd.engine.request import (EngineOutput, EngineRequest, RequestError, check_tokens,
                                   forward_each_on_failure, logits_rows)
 from trtpd.engine.sampler import sample
@@ -76,6 +77,12 @@ class GenerationEngine:
         self.scheduler.add(sched)
         self.sequences[request.request_id] = seq
         return seq
+
+    def bind(self, hooks: EngineHooks) -> None:
+        """Nothing to hook (a colocated engine steps only when the loop does)."""
+
+    def close(self) -> None:
+        """No threads, no KV transfer of its own."""
 
     # ---- finishing ------------------------------------------------------------------------
     def _finish(self, seq: Sequence, reason: str) -> None:

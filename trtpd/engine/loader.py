@@ -13,6 +13,7 @@ import torch
 from trtpd.engine.checkpoint import Checkpoint, load_checkpoint
 from trtpd.engine.engine_config import EngineConfig, Role
 from trtpd.engine.model import LlamaModel
+from trtpd.engine.protocol import Engine
 from trtpd.engine.row_tiles import BatchInvarianceReport, Linear, default_linear
 from trtpd.engine.tokenizer import Tokenizer
 from trtpd.errors import ConfigError
@@ -43,13 +44,11 @@ class LoadedEngine:
     tokenizer: Tokenizer
     model: LlamaModel
     pool: KvPool
-    engine: object
+    engine: Engine
     invariance: BatchInvarianceReport
 
     def close(self) -> None:
-        for part in (self.engine, getattr(self.engine, "exporter", None), getattr(self.engine, "importer", None)):
-            if part is not None and hasattr(part, "close"):
-                part.close()
+        self.engine.close()
         self.pool.close()
 
 

@@ -18,13 +18,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from trtpd.engine.protocol import Engine, EngineHooks
 from trtpd.engine.request import EngineOutput, EngineRequest, RequestError
 
 log = logging.getLogger(__name__)
 
 
 class EngineLoop:
-    def __init__(self, engine, on_output: Callable[[EngineOutput], None], name: str = "engine",
+    def __init__(self, engine: Engine, on_output: Callable[[EngineOutput], None], name: str = "engine",
                  idle_poll_s: float = 0.05, step_delay_s: float = 0.0) -> None:
         self.engine = engine
         # fault injection (a deployment spec's step_delay_ms): a pause after every step that produced
@@ -39,13 +40,7 @@ class EngineLoop:
         self._live: set[str] = set()   # submitted, no finished output yet (engine thread only)
         self.num_steps = 0
         self.busy_s = 0.0
-        if hasattr(engine, "wakeup"):
-            engine.wakeup = self.wakeup
-        if hasattr(engine, "emit"):
-            engine.emit = self._emit
-        exporter = getattr(engine, "exporter", None)
-        if exporter is not None and hasattr(exporter, "wakeup"):
-            exporter.wakeup = self.wakeup
+        engine.bind(EngineHooks(wakeup=self.wakeup, emit=self._emit))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

@@ -17,6 +17,7 @@ import torch
 
 from trtpd.engine.engine_config import EngineConfig
 from trtpd.engine.model import LlamaModel, SeqChunk
+from trtpd.engine.protocol import EngineHooks
 from trtpd.engine.request import (EngineOutput, EngineRequest, RequestError, RequestType, check_tokens,
                                   forward_each_on_failure, logits_rows)
 from trtpd.engine.sampler import sample
@@ -49,9 +50,16 @@ class PrefillEngine:
         self.waiting: dict[str, _Pending] = {}
         self.held_blocks: dict[str, list[int]] = {}   # exported, not yet released
         self.num_completed = 0
-        # Set by the engine loop: delivers outputs at once, so the layer-wise handles go out before
+        # The engine loop's (bind): delivers outputs at once, so the layer-wise handles go out before
         # the forward pass (returned from step() they would wait for the whole batch to compute).
         self.emit: Callable[[list[EngineOutput]], None] | None = None
+
+    def bind(self, hooks: EngineHooks) -> None:
+        self.emit = hooks.emit
+        self.exporter.wakeup = hooks.wakeup      # a released export frees blocks: step again
+
+    def close(self) -> None:
+        self.exporter.close()
 
     # ---- requests -------------------------------------------------------------------------
     def validate(self, request: EngineRequest) -> None:

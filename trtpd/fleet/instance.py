@@ -18,7 +18,7 @@ from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.repo.reference import ReferenceDeployment, repository_plan
 from trtpd.repo.render import ModelPlan, render_repository
 from trtpd.serving import stub_watch
-from trtpd.serving.tritonserver import ServerPorts, free_port, start_server
+from trtpd.fleet.tritonserver import ServerPorts, free_port, start_server
 
 HOST = "127.0.0.1"
 

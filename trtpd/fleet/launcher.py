@@ -20,8 +20,9 @@ from trtpd.fleet.instance import (ENTRY, InstancePlan, assign_cpus, instance_fol
                                   start_instance)
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.repo.reference import KEY_FILE, ReferenceDeployment, check_pair
-from trtpd.serving import deployment, stub_watch
-from trtpd.serving.tritonserver import ServerStartError, stop_server, until_ready, wait_ready
+from trtpd.fleet import deployment
+from trtpd.serving import stub_watch
+from trtpd.fleet.tritonserver import ServerStartError, stop_server, until_ready, wait_ready
 
 DOWN_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
 

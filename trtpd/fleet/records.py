@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from trtpd.errors import TrtpdError
-from trtpd.serving.deployment import deployment_dir, trtpd_home
-from trtpd.serving.tritonserver import ServerProcess
+from trtpd.fleet.deployment import deployment_dir, trtpd_home
+from trtpd.fleet.tritonserver import ServerProcess
 
 FLEET_FILE = "fleet.json"
 ROLES = ("prefill", "decode", "colocated", "entry")   # entry: the Triton ensemble in front (optional)

@@ -8,7 +8,7 @@ from trtpd.fleet.instance import instance_folder, shares_cores
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.metrics_text import fetch, samples
 from trtpd.serving import stub_watch
-from trtpd.serving.deployment import server_state
+from trtpd.fleet.deployment import server_state
 
 
 def instance_state(fleet: FleetRecord, inst: InstanceRecord) -> tuple[str, str]:

@@ -207,7 +207,7 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
     async def recent_requests(request: Request, since: float = 0.0):
         """Finished requests since `since` (unix time): revision, TTFT, ITL, error kind (the rollout gate)."""
         _admin(request)
-        return {"now": time.time(), "requests": service.samples_since(since)}
+        return {"now": time.time(), "requests": [s.to_dict() for s in service.samples_since(since)]}
 
     @app.put("/admin/instances/{name}")
     async def instance_state(name: str, request: Request):

@@ -25,6 +25,7 @@ from trtpd.orchestration.transport import SamplingInputs
 from trtpd.gateway.timing import RequestTiming
 from trtpd.percentiles import quantile
 from trtpd.routing.cohorts import Cohort, Split
+from trtpd.schema.request_sample import RequestSample
 from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 
 MAX_SAMPLES = 20000     # recent finished requests kept for the controller's rollout gate (GET /admin/requests)
@@ -49,7 +50,7 @@ class FleetService:
         self.views: list[InstanceView] = []
         self.draining: set[str] = set()          # the router keeps these draining (fleet.json or PUT /admin)
         self.split = Split()                     # the canary traffic split (fleet.json "traffic")
-        self.samples: deque[dict] = deque(maxlen=MAX_SAMPLES)
+        self.samples: deque[RequestSample] = deque(maxlen=MAX_SAMPLES)
         self.num_routed = 0
         self._fleet_stamp: tuple[int, int] | None = None
         self._closing: list[tuple[RoleClient, float]] = []   # removed instances' clients, since when
@@ -241,17 +242,16 @@ class FleetService:
         window it)."""
         gaps = timing.gaps_s
         perf = perf or {}
-        self.samples.append({
-            "t": time.time(), "revision": revision, "ok": error_kind is None, "error_kind": error_kind,
-            "ttft_s": timing.ttft_s, "tpot_s": timing.tpot_s, "num_tokens": len(timing.token_times_s),
-            "num_prompt_tokens": num_prompt_tokens,
-            "prefill_queue_s": perf["prefill_queue_ms"] / 1000 if "prefill_queue_ms" in perf else None,
-            "decode_queue_s": perf["decode_queue_ms"] / 1000 if "decode_queue_ms" in perf else None,
-            "itl_p50_s": quantile(gaps, 0.5), "itl_p90_s": quantile(gaps, 0.9), "itl_max_s": max(gaps, default=None),
-            "prefill_instance": instances[0], "decode_instance": instances[1]})
+        self.samples.append(RequestSample(
+            t=time.time(), revision=revision, ok=error_kind is None, error_kind=error_kind, ttft_s=timing.ttft_s,
+            tpot_s=timing.tpot_s, num_tokens=len(timing.token_times_s), num_prompt_tokens=num_prompt_tokens,
+            prefill_queue_s=perf["prefill_queue_ms"] / 1000 if "prefill_queue_ms" in perf else None,
+            decode_queue_s=perf["decode_queue_ms"] / 1000 if "decode_queue_ms" in perf else None,
+            itl_p50_s=quantile(gaps, 0.5), itl_p90_s=quantile(gaps, 0.9), itl_max_s=max(gaps, default=None),
+            prefill_instance=instances[0], decode_instance=instances[1]))
 
-    def samples_since(self, since_s: float) -> list[dict]:
-        return [s for s in self.samples if s["t"] >= since_s]
+    def samples_since(self, since_s: float) -> list[RequestSample]:
+        return [s for s in self.samples if s.t >= since_s]
 
     def record(self, timing: RequestTiming, perf: dict[str, float]) -> None:
         m, now = self.metrics, time.monotonic()

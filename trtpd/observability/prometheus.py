@@ -171,7 +171,7 @@ def start_prometheus(config_file: str | Path, state_dir: str | Path, *, port: in
     and returns once /-/ready answers 200. Raises TrtpdError (with the log's tail) if it exits or is not
     ready in time; it is stopped then."""
     from trtpd.process_identity import start_time
-    from trtpd.serving.tritonserver import free_port
+    from trtpd.fleet.tritonserver import free_port
 
     if host != HOST:
         raise TrtpdError(f"Prometheus listens on {HOST} only (asked for {host})")

@@ -8,6 +8,7 @@ import pytest
 from trtpd.autoscale.live import observe
 from trtpd.controller.types import InstanceRow
 from trtpd.percentiles import quantile
+from trtpd.schema.request_sample import RequestSample
 from trtpd.schema.slo import Slo
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.scaling import window_latencies
@@ -21,20 +22,21 @@ TABLE = [InstanceRow("prefill-0", "prefill", 1, "ready", 0.0), InstanceRow("deco
          InstanceRow("decode-1", "decode", 1, "draining", 0.0)]
 
 
-def samples() -> list[dict]:
-    """As the gateway's GET /admin/requests gives them; a single gap (itl_p90_s) far over any SLO."""
-    return [{"t": done, "ok": True, "ttft_s": first - arrival, "tpot_s": (done - first) / (out - 1),
-             "itl_p90_s": 9.9, "num_prompt_tokens": 100, "num_tokens": out, "prefill_queue_s": 0.01 * i,
-             "decode_queue_s": 0.0} for i, (arrival, first, done, out) in enumerate(REQUESTS)]
+def samples() -> list[RequestSample]:
+    """As the gateway keeps them; a single gap (itl_p90_s) far over any SLO."""
+    return [RequestSample(t=done, revision=1, ok=True, error_kind=None, ttft_s=first - arrival,
+                          tpot_s=(done - first) / (out - 1), num_tokens=out, num_prompt_tokens=100,
+                          prefill_queue_s=0.01 * i, decode_queue_s=0.0, itl_p90_s=9.9)
+            for i, (arrival, first, done, out) in enumerate(REQUESTS)]
 
 
 @pytest.mark.parametrize("attainment", [0.5, 0.9, 0.99])
 def test_decode_is_judged_by_tpot_at_the_slos_percentile(attainment):
     obs = observe(NOW_S, WINDOW_S, samples(), None, TABLE, Slo(ttft_s=2.0, tpot_s=0.1, attainment=attainment))
-    tpots = [s["tpot_s"] for s in samples()]
+    tpots = [s.tpot_s for s in samples()]
     assert obs.roles["decode"].tpot_p_s == pytest.approx(quantile(tpots, attainment))
     assert obs.roles["decode"].tpot_p_s < 0.11          # the 9.9 s single gap is not what decode is judged by
-    assert obs.roles["prefill"].ttft_p_s == pytest.approx(quantile([s["ttft_s"] for s in samples()], attainment))
+    assert obs.roles["prefill"].ttft_p_s == pytest.approx(quantile([s.ttft_s for s in samples()], attainment))
     assert obs.roles["prefill"].queue_time_p_s == pytest.approx(quantile([0.01 * i for i in range(10)], attainment))
     assert (obs.roles["decode"].num_instances, obs.roles["decode"].num_draining) == (1, 1)
     assert obs.slo.attainment == attainment

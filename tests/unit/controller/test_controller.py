@@ -11,6 +11,7 @@ from trtpd.controller.controller import Controller, converged
 from trtpd.controller.spec import load_spec
 from trtpd.controller.store import ControllerStore
 from trtpd.controller.types import ObservedInstance
+from trtpd.schema.request_sample import RequestSample
 
 
 class FakeExecutor:
@@ -52,6 +53,9 @@ class FakeExecutor:
         for n in names:
             self.instances[n]["revision"] = revision
 
+    def wait_stopped(self):
+        self.calls.append(("wait_stopped",))
+
 
 def spec_file(tmp_path: Path, root: Path, name: str = "c", decode: str = "{instances: 1}", extra: str = "") -> Path:
     path = tmp_path / f"{name}-{abs(hash((decode, extra)))}.yaml"
@@ -73,7 +77,7 @@ class Clock:
 def rig(tmp_path, fp16_root):
     store = ControllerStore(tmp_path / "state" / "controller.db")
     clock, ex = Clock(), FakeExecutor()
-    samples: list[dict] = []
+    samples: list[RequestSample] = []
 
     def apply(path: Path) -> int:
         spec = load_spec(path)
@@ -84,7 +88,7 @@ def rig(tmp_path, fp16_root):
         return n
 
     def controller(**kw) -> Controller:
-        return Controller(store, ex, clock=clock, samples=lambda since: [s for s in samples if s["t"] >= since], **kw)
+        return Controller(store, ex, clock=clock, samples=lambda since: [s for s in samples if s.t >= since], **kw)
 
     return store, clock, ex, samples, apply, controller
 
@@ -129,8 +133,8 @@ def test_scale_refusals_name_the_problem(rig, tmp_path, fp16_root):
 
 
 def sample(t, revision, ttft=0.1, tpot=0.02):
-    return {"t": t, "revision": revision, "ok": True, "error_kind": None, "ttft_s": ttft, "tpot_s": tpot,
-            "num_tokens": 16, "num_prompt_tokens": 40, "prefill_queue_s": 0.01, "decode_queue_s": 0.0}
+    return RequestSample(t=t, revision=revision, ok=True, error_kind=None, ttft_s=ttft, tpot_s=tpot, num_tokens=16,
+                         num_prompt_tokens=40, prefill_queue_s=0.01, decode_queue_s=0.0)
 
 
 @pytest.mark.parametrize("canary_tpot, outcome", [(0.02, "promoted"), (0.5, "rolled_back")])

@@ -5,11 +5,12 @@ from __future__ import annotations
 from trtpd.cli.controller_client import format_event
 from trtpd.controller.rollout import RolloutPolicy, gate
 from trtpd.controller.store import AuditRow
+from trtpd.schema.request_sample import RequestSample
 from trtpd.schema.slo import Slo
 
 
 def sample(revision, tpot):
-    return {"revision": revision, "ok": True, "error_kind": None, "ttft_s": 0.1, "tpot_s": tpot}
+    return RequestSample(t=0.0, revision=revision, ok=True, error_kind=None, ttft_s=0.1, tpot_s=tpot, num_tokens=5)
 
 
 def test_a_gate_entry_shows_both_cohorts_ttft_and_tpot():

@@ -7,6 +7,7 @@ import pytest
 from trtpd.controller.rollout import RolloutPolicy, gate, start_rollout, step
 from trtpd.controller.types import InstanceRow
 from trtpd.routing.cohorts import Split
+from trtpd.schema.request_sample import RequestSample
 from trtpd.schema.slo import Slo
 
 POLICY = RolloutPolicy(canary_share=0.25, bake_s=10, min_requests=4, max_ttft_ratio=1.5, max_tpot_ratio=1.5,
@@ -18,7 +19,8 @@ def row(name, state, revision, reason=""):
 
 
 def sample(revision, ttft=0.1, tpot=0.02, error=None):
-    return {"revision": revision, "ok": error is None, "error_kind": error, "ttft_s": ttft, "tpot_s": tpot}
+    return RequestSample(t=0.0, revision=revision, ok=error is None, error_kind=error, ttft_s=ttft, tpot_s=tpot,
+                         num_tokens=10)
 
 
 def decode_rollout(now=0.0, new_decode=1):

@@ -15,7 +15,7 @@ from trtpd.fleet.records import InstanceRecord
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.serving import stub_watch
 from trtpd.serving.stub_watch import StubEntry
-from trtpd.serving.tritonserver import ServerProcess, ServerStartError
+from trtpd.fleet.tritonserver import ServerProcess, ServerStartError
 
 
 class FakeStarter:

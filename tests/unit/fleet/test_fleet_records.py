@@ -10,7 +10,7 @@ import pytest
 from trtpd.errors import TrtpdError
 from trtpd.fleet.instance import assign_cpus, shares_cores
 from trtpd.fleet.records import FleetRecord, InstanceRecord, list_fleets, load_fleet
-from trtpd.serving.tritonserver import ServerPorts, ServerProcess
+from trtpd.fleet.tritonserver import ServerPorts, ServerProcess
 
 
 @pytest.fixture

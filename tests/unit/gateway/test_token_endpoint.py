@@ -44,7 +44,7 @@ def test_steps_stream_as_lines_then_done_and_the_request_is_sampled_and_counted(
     prompt_ids, sampling = svc.orchestrator.calls[0]
     assert prompt_ids == BODY["prompt_ids"] and (sampling.max_new_tokens, sampling.end_id) == (8, 2)
     [sample] = list(svc.samples)
-    assert sample["ok"] and sample["num_tokens"] == len(out) - 1 and sample["num_prompt_tokens"] == 3
+    assert sample.ok and sample.num_tokens == len(out) - 1 and sample.num_prompt_tokens == 3
     counted = {tuple(s.labels.values()): s.value for s in svc.metrics.requests.collect()[0].samples
                if s.name.endswith("_total")}
     assert counted == {("/admin/generate", "200"): 1.0}
@@ -89,4 +89,20 @@ def test_refused_or_failed_before_the_first_step_gets_its_status(folder, tmp_pat
     r = post(gone, BODY)
     assert r.status_code == 503 and "no decode instance" in r.json()["error"]["message"]
     [sample] = list(gone.samples)
-    assert sample["error_kind"] == "unavailable" and not sample["ok"]
+    assert sample.error_kind == "unavailable" and not sample.ok
+
+
+def test_the_samples_answer_is_the_typed_records_and_reads_back(folder, tmp_path):
+    """GET /admin/requests gives each RequestSample's fields; the controller reads them back as they were."""
+    from trtpd.schema.request_sample import RequestSample
+
+    svc = ScriptedService(make_config(folder, tmp_path))
+    assert post(svc, BODY).status_code == 200
+
+    async def go():
+        async with client(svc) as c:
+            return await c.get("/admin/requests", headers={"Authorization": f"Bearer {svc.admin_token}"})
+    answered = run(go()).json()["requests"]
+    assert [RequestSample.from_dict(s) for s in answered] == list(svc.samples)
+    with pytest.raises(ValueError, match="unknown field"):
+        RequestSample.from_dict({**answered[0], "itl_s": 0.1})

@@ -14,7 +14,7 @@ from trtpd.errors import TrtpdError
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.observability import prometheus as prom
 from trtpd.process_identity import is_running
-from trtpd.serving.tritonserver import ServerPorts, ServerProcess
+from trtpd.fleet.tritonserver import ServerPorts, ServerProcess
 
 
 def instance(name: str, role: str, metrics_port: int) -> InstanceRecord:

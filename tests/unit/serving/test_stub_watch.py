@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from trtpd.serving import deployment, stub_watch
+from trtpd.fleet import deployment
+from trtpd.serving import stub_watch
 from trtpd.serving.stub_watch import StubEntry, StubWatch
-from trtpd.serving.tritonserver import ServerPorts, ServerProcess
+from trtpd.fleet.tritonserver import ServerPorts, ServerProcess
 
 
 def wait_for(cond, timeout_s: float, what: str) -> float:
@@ -235,7 +236,7 @@ def test_stop_server_ends_the_guards_of_its_stubs(tmp_path, sleeper):
         assert list(ours) == [guards[0].pid]
         server = ServerProcess(sleeper.pid, "127.0.0.1", ServerPorts(1, 2, 3), str(tmp_path / "repo"),
                                str(tmp_path / "log"), "trtpdunitnone_", "", stub_watch.start_time(sleeper.pid))
-        from trtpd.serving.tritonserver import stop_server
+        from trtpd.fleet.tritonserver import stop_server
         stop_server(server, timeout_s=5)
         assert guards[0].poll() is not None                   # ended by the time stop_server returns
         assert guards[1].poll() is None                       # another server's guard is spared

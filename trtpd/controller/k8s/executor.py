@@ -170,6 +170,13 @@ class KubernetesExecutor:
             self.reload_gateway()
 
     # ---- binding and observing --------------------------------------------------------------------------
+    def relabel(self, names: list[str], revision: int) -> None:
+        """Nothing to record: a pod's revision label is part of its Deployment's selector, so relabelling it
+        would orphan it (its ReplicaSet would start another); the controller's table holds the new revision."""
+
+    def wait_stopped(self) -> None:
+        """Pods stop under Kubernetes, not in this process: nothing to wait for."""
+
     def _bind(self, pods: list, deployments: list) -> dict[str, list[str]]:
         """Binds unbound pods to pending names; returns each Deployment's names still without a pod."""
         left = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trtpd.serving import stub_watch
-from trtpd.serving.tritonserver import (START_ATTEMPTS, ServerPorts, ServerProcess, ServerStartError,
+from trtpd.fleet.tritonserver import (START_ATTEMPTS, ServerPorts, ServerProcess, ServerStartError,
                                         _bindable, ephemeral_port_range, free_port, listen_port_candidates,
                                         start_retry_reason, start_until_ready, stop_server)
 

@@ -188,7 +188,7 @@ class ServerProcess:
     start_time: int = 0           # field 22 of /proc/<pid>/stat at start: a reused pid is not ours (0: unknown)
 
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
-        from trtpd.serving.server_guard import admin_headers
+        from trtpd.fleet.server_guard import admin_headers
         return admin_headers(self.admin_key_file, protocol)
 
     @property
@@ -266,7 +266,7 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
     """Starts tritonserver in the background (its own session) and returns without waiting. `cpus`: the
     cores it may run on (sched_setaffinity before exec, so its python stubs inherit them)."""
     from trtpd.kv.handle import load_or_create_key_file
-    from trtpd.serving import server_guard
+    from trtpd.fleet import server_guard
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o700)     # repository, keys, logs, deployment.json: the owner's only

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from trtpd.serving.tritonserver import ServerError, ServerPorts, ServerProcess, wait_ready
+from trtpd.fleet.tritonserver import ServerError, ServerPorts, ServerProcess, wait_ready
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):

@@ -18,7 +18,7 @@ from trtpd.errors import TrtpdError
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.repo.reference import render_reference_repository
 from trtpd.serving import stub_watch
-from trtpd.serving.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, start_until_ready,
+from trtpd.fleet.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, start_until_ready,
                                         stop_server)
 
 # tritonserver's own exit timeout is 3 s (tritonserver.EXIT_TIMEOUT_S) for in-flight requests; a server still
