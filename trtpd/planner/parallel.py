@@ -4,7 +4,9 @@ The planner's simulations are independent of each other and deterministic (same 
 disaggregated side's goodput search beside the colocated one changes no figure, and on a machine with two
 cores takes the longer of the two instead of their sum. Where fork is not available, or the child fails
 for any reason (or does not answer in time), the first computation runs here after the second: the same
-result, later.
+result, later. A process running other threads does not fork: a child gets a copy of every lock those threads
+held at that moment (logging's, an executor's queue), and one of them held is a child that never finishes
+(the unit tier, after tests that left threads behind, waited MIN_WAIT_S for such a child).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pickle
 import select
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Callable, TypeVar
@@ -23,7 +26,8 @@ B = TypeVar("B")
 
 
 def can_fork() -> bool:
-    return hasattr(os, "fork") and sys.platform != "darwin" and (os.cpu_count() or 1) > 1
+    return hasattr(os, "fork") and sys.platform != "darwin" and (os.cpu_count() or 1) > 1 \
+        and threading.active_count() == 1
 
 
 # how long the parent waits for the child once its own part is done: this many times what its own part took,

@@ -1,12 +1,23 @@
-"""The two sides' searches in two processes give the plan the sequential order gives, byte for byte."""
+"""The two sides' searches in two processes give the plan the sequential order gives, byte for byte.
+
+Run by tests/integration/test_planner_fork.py in a fresh interpreter (not collected by the suite itself: the name
+is not test_*.py): the planner forks only a process that runs no other thread, and the suite's own process has
+threads left by earlier tests (gRPC's poller), where these cases could not take the fork path they check."""
 
 import os
+import threading
 
 import pytest
 
 from trtpd.planner import parallel
 from trtpd.planner.make import VerifyOptions, make_plan
 from tests.unit.planner.test_pruning import CASES
+
+
+@pytest.fixture(autouse=True)
+def no_other_thread():
+    """Each case starts in a process with no other thread, so the fork path it checks is the one taken."""
+    assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
 
 
 @pytest.mark.parametrize("name", ["budget-70b-fixed", "target-8b-chat-budget"])
@@ -91,3 +102,18 @@ def test_a_failing_second_part_stops_the_child_at_once(monkeypatch):
     with pytest.raises(ZeroDivisionError):
         parallel.both(lambda: time.sleep(30), lambda: 1 / 0)
     assert time.monotonic() - t0 < 10
+
+
+def test_a_process_running_other_threads_computes_both_here():
+    """A forked child inherits the locks other threads hold: with another thread alive the planner does not fork
+    (it used to, and a child stuck on such a lock cost the unit tier the 60 s wait for it)."""
+    here, stop = os.getpid(), threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        assert not parallel.can_fork()
+        assert parallel.both(os.getpid, os.getpid) == (here, here)
+    finally:
+        stop.set()
+        other.join()
+    assert parallel.can_fork()

@@ -19,7 +19,7 @@ import pytest
 
 from trtpd import accel
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
 import json, sys

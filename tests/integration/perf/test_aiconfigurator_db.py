@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from tests.unit.perf.conftest import run_oracle
+from tests.integration.perf.conftest import run_oracle
 
 from trtpd.catalog import get_model
 from trtpd.errors import ConfigError

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.unit.perf.conftest import run_oracle
+from tests.integration.perf.conftest import run_oracle
 
 from trtpd.catalog import get_model
 from trtpd.errors import ConfigError
