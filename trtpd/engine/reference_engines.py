@@ -120,7 +120,7 @@ def _kv_scales(spec, weights, tokenizer: Tokenizer, dtype: KvDtype) -> tuple[lis
 
 def _manifest(config: EngineConfig, spec: ModelSpec, inputs: dict, scales_digest: str | None = None,
               checksums: list[FileChecksum] | None = None, seconds: float | None = None) -> EngineManifest:
-    """The engine's manifest in the schema both backends share (trtpd/trtllm/manifest.py)."""
+    """The engine's manifest in the schema both backends share (trtpd/schema/manifest.py)."""
     argv = ["trtpd", "build", "--backend", "reference", "--model", inputs["model"], "--kv-dtype", inputs["kv_dtype"],
             "--tokens-per-block", str(inputs["tokens_per_block"]), "--max-input-len", str(inputs["max_input_len"]),
             "--max-output-len", str(inputs["max_output_len"]), "--seed", str(inputs["seed"])]
