@@ -1,6 +1,9 @@
 """fleet.json: what a fleet runs, where, and with which keys (owner-only, 0600).
 
-Read by `trtpd down/status` and by the gateway (`load_fleet(name)`); the field names are an interface.
+The part the gateway reads is trtpd/schema/fleet_file.py's (FleetFile: the routed instances, drains, the canary
+split, the routing policy); this record adds what host-side control needs (each server's pid, start time and
+ports, cores, KV binds, the gateway's and supervisord's processes). Read by `trtpd down/status`, the
+controller's local executor and the gateway.
 """
 
 from __future__ import annotations
@@ -8,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtpd.errors import TrtpdError
 from trtpd.fleet.deployment import deployment_dir, trtpd_home
 from trtpd.fleet.tritonserver import ServerProcess
+from trtpd.schema.fleet_file import FleetFile, RoutedInstance
 
 FLEET_FILE = "fleet.json"
 ROLES = ("prefill", "decode", "colocated", "entry")   # entry: the Triton ensemble in front (optional)
@@ -50,12 +54,17 @@ class InstanceRecord:
     def metrics_url(self) -> str:
         return self.server.metrics_url
 
+    def routed(self) -> RoutedInstance:
+        """The instance as the gateway reads it."""
+        return RoutedInstance(self.name, self.role, self.model, self.grpc_url, self.metrics_url, self.max_input_len,
+                              self.max_seq_len, self.max_batch_size, self.http_url, self.revision, self.admin_state,
+                              self.kv_advertise)
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["server"] = self.server.to_dict()
-        # derived, for readers that do not import trtpd (ignored by from_dict)
-        d.update(grpc_url=self.grpc_url, http_url=self.http_url, metrics_url=self.metrics_url)
-        return d
+        """The shared fields (FleetFile's), then this host's own."""
+        return {**self.routed().to_dict(), "server": self.server.to_dict(), "engine_dir": self.engine_dir,
+                "kv_transport": self.kv_transport, "kv_bind": self.kv_bind, "cpus": list(self.cpus),
+                "num_kv_blocks": self.num_kv_blocks}
 
     @classmethod
     def from_dict(cls, d: dict) -> "InstanceRecord":
@@ -93,12 +102,16 @@ class FleetRecord:
         raise TrtpdError(f"fleet {self.name!r} has no instance {name!r} "
                          f"(it has {', '.join(i.name for i in self.instances) or 'none'})")
 
+    def fleet_file(self) -> FleetFile:
+        """What the gateway reads of this record."""
+        gateway = {k: v for k, v in (self.gateway or {}).items() if k != "new_api_key"} or None   # shown once
+        return FleetFile(self.name, self.mode, self.key_file, self.tokenizer_dir,
+                         tuple(i.routed() for i in self.instances), build_root=self.build_root, traffic=self.traffic,
+                         routing=self.routing, gateway=gateway)
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "mode": self.mode, "build_root": self.build_root, "key_file": self.key_file,
-                "tokenizer_dir": self.tokenizer_dir, "instances": [i.to_dict() for i in self.instances],
-                "gateway": {k: v for k, v in (self.gateway or {}).items() if k != "new_api_key"} or None,
-                "supervisor": self.supervisor, "started_at": self.started_at, "traffic": self.traffic,
-                "routing": self.routing}
+        return {**self.fleet_file().to_dict(), "instances": [i.to_dict() for i in self.instances],
+                "supervisor": self.supervisor, "started_at": self.started_at}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FleetRecord":

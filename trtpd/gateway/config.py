@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtpd.schema.fleet_file import FleetFile, read_fleet_file
 from trtpd.schema.slo import Slo
 
 
@@ -52,24 +53,29 @@ def checkpoint_facts(tokenizer_dir: Path) -> tuple[str, int]:
         int(config.get("eos_token_id", 2))
 
 
-def from_fleet_file(path: Path, **overrides) -> GatewayConfig:
-    """A GatewayConfig for the fleet described by a fleet.json (trtpd/fleet/records.py writes it; the gateway
-    reads the file, not the fleet package, so the fleet may start the gateway without an import cycle)."""
+def _read(path: Path) -> FleetFile:
     try:
-        fleet = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        return read_fleet_file(path)
+    except (OSError, ValueError) as exc:
         from trtpd.errors import TrtpdError
         raise TrtpdError(f"{path}: cannot read the fleet record ({exc}); is the fleet running?") from None
-    roles = [i for i in fleet["instances"] if i["role"] in ("prefill", "decode", "colocated")]   # not the entry
-    instances = tuple(InstanceTarget(i["name"], i["role"], i["model"], i["grpc_url"], i["metrics_url"],
-                                     int(i.get("revision", 0)), i.get("kv_advertise") or "") for i in roles)
-    serving = [i for i in roles if i["role"] in ("decode", "colocated")] or roles
-    name, eos = checkpoint_facts(Path(fleet["tokenizer_dir"]))
+
+
+def from_fleet_file(path: Path, **overrides) -> GatewayConfig:
+    """A GatewayConfig for the fleet described by a fleet.json (trtpd/schema/fleet_file.py: written by the local
+    fleet or the Kubernetes executor; the gateway reads the file, not the fleet package, so the fleet may start
+    the gateway without an import cycle)."""
+    fleet = _read(Path(path))
+    roles = fleet.routed
+    instances = tuple(InstanceTarget(i.name, i.role, i.model, i.grpc_url, i.metrics_url, i.revision, i.kv_advertise)
+                      for i in roles)
+    serving = [i for i in roles if i.role in ("decode", "colocated")] or roles
+    name, eos = checkpoint_facts(Path(fleet.tokenizer_dir))
     overrides.setdefault("fleet_file", Path(path))
-    return GatewayConfig(model_name=name, mode=fleet["mode"], instances=instances, key_file=Path(fleet["key_file"]),
-                         tokenizer_dir=Path(fleet["tokenizer_dir"]), eos_id=eos,
-                         max_input_len=min(i["max_input_len"] for i in roles),
-                         max_seq_len=min(i["max_seq_len"] for i in serving), **overrides)
+    return GatewayConfig(model_name=name, mode=fleet.mode, instances=instances, key_file=Path(fleet.key_file),
+                         tokenizer_dir=Path(fleet.tokenizer_dir), eos_id=eos,
+                         max_input_len=min(i.max_input_len for i in roles),
+                         max_seq_len=min(i.max_seq_len for i in serving), **overrides)
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,5 @@ class FleetDirectives:
 
 
 def fleet_directives(path: Path) -> FleetDirectives:
-    fleet = json.loads(Path(path).read_text())
-    return FleetDirectives(frozenset(i["name"] for i in fleet["instances"] if i.get("admin_state") == "draining"),
-                           fleet.get("traffic"), fleet.get("routing"))
+    fleet = _read(Path(path))
+    return FleetDirectives(fleet.draining, fleet.traffic, fleet.routing)

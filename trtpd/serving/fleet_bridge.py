@@ -12,6 +12,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from trtpd.schema.fleet_file import read_fleet_file
+
 READ_TIMEOUT_S = 600.0     # the longest wait for the gateway's next line (a queued request waits for a slot)
 KINDS = {400: "invalid_arg", 404: "invalid_arg", 413: "invalid_arg", 429: "unavailable", 503: "unavailable"}
 
@@ -61,14 +63,13 @@ class FleetBridge:
         from trtpd.kv.handle import load_or_create_key_file
 
         self.fleet_file = Path(fleet_file)
-        fleet = json.loads(self.fleet_file.read_text())
-        self.admin_token = gateway_admin_token(load_or_create_key_file(fleet["key_file"]))
+        self.admin_token = gateway_admin_token(load_or_create_key_file(read_fleet_file(self.fleet_file).key_file))
 
     def gateway_address(self) -> tuple[str, int]:
         """The gateway's host and port, from fleet.json (read each time: it is attached after the entry starts,
         and a restarted gateway keeps its port)."""
         try:
-            gateway = json.loads(self.fleet_file.read_text()).get("gateway") or {}
+            gateway = read_fleet_file(self.fleet_file).gateway or {}
         except (OSError, ValueError):
             gateway = {}
         if not gateway.get("port"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import stat
+from types import SimpleNamespace
 
 import pytest
 
@@ -74,3 +75,36 @@ def test_cpus_round_robin():
     assert shares_cores(assign_cpus(3, [5, 6]))
     with pytest.raises(TrtpdError):
         assign_cpus(1, [])
+
+
+def test_one_fleet_file_model_for_its_three_codecs(home):
+    """The local record, the Kubernetes executor's ConfigMap text and the gateway's reading share
+    trtpd/schema/fleet_file.py: what the local fleet writes reads back as its own routed view, and the gateway's
+    config and directives come from it alike."""
+    from trtpd.controller.k8s.fleet_file import KEY_FILE, fleet_document, fleet_instance
+    from trtpd.gateway.config import fleet_directives
+    from trtpd.schema.fleet_file import FleetFile, read_fleet_file
+
+    fleet = FleetRecord("m", "disaggregated", "/b", "/k", "/t",
+                        [instance("decode-0", "decode", 9000), instance("prefill-0", "prefill", 9010)],
+                        traffic={"stable_revision": 1}, routing={"balance": "round_robin"})
+    fleet.instances[0].admin_state = "draining"
+    fleet.gateway = {"host": "127.0.0.1", "port": 8000, "pid": 42, "new_api_key": "shown once, never saved"}
+    fleet.save()
+    shared = read_fleet_file(fleet.path)
+    assert shared == fleet.fleet_file() and shared.gateway == {"host": "127.0.0.1", "port": 8000, "pid": 42}
+    assert [i.kv_advertise for i in shared.routed] == ["", "127.0.0.1:7000"] and shared.draining == {"decode-0"}
+    d = fleet_directives(fleet.path)
+    assert (d.draining, d.traffic, d.routing) == ({"decode-0"}, {"stable_revision": 1}, {"balance": "round_robin"})
+
+    spec = SimpleNamespace(max_input_len=1024, max_seq_len=2048, max_batch_size=16)   # what fleet_instance reads
+    text = fleet_document("k", "disaggregated", "/engines", "/engines/checkpoint",
+                          [fleet_instance("decode-0", "decode", 2, "10.0.0.5", 8000, spec, "draining")], None)
+    k8s = FleetFile.from_dict(json.loads(text))
+    assert k8s.key_file == KEY_FILE and k8s.draining == {"decode-0"}
+    assert (k8s.instances[0].grpc_url, k8s.instances[0].max_seq_len, k8s.instances[0].revision) == \
+        ("10.0.0.5:8000", 2048, 2)
+    bad = home / "bad.json"
+    bad.write_text('{"name": "x"}')
+    with pytest.raises(ValueError, match="not a fleet file"):
+        read_fleet_file(bad)

@@ -235,9 +235,9 @@ class KubernetesExecutor:
         s = self.split
         traffic = {"stable_revision": s.stable_revision, "canary_revision": s.canary_revision,
                    "canary_share": s.canary_share, "changed_roles": list(s.changed_roles),
-                   "canary_instances": [i["name"] for i in instances
-                                        if s.canary_revision and i["revision"] == s.canary_revision
-                                        and i["role"] in s.changed_roles]}
+                   "canary_instances": [i.name for i in instances
+                                        if s.canary_revision and i.revision == s.canary_revision
+                                        and i.role in s.changed_roles]}
         roles = {_labels(p)[LABEL_ROLE] for p in pods}
         mode = "colocated" if roles == {"colocated"} else "disaggregated"   # the gateway serves one mode
         text = fleet_document(self.fleet.name, mode, self.fleet.engines.mount_path, self.fleet.model_path,

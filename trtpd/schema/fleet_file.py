@@ -1,0 +1,79 @@
+"""fleet.json, the part every reader shares: the instances as the gateway routes to them, and the controller's
+word to the gateway (drains, the canary split, the routing policy). One model for its three codecs: the local
+fleet writes it (trtpd/fleet/records.py, which adds the host-control fields: server pids and ports, cores, KV
+binds), the Kubernetes executor writes it into a ConfigMap (trtpd/controller/k8s/fleet_file.py, paths inside the
+pods), and the gateway reads it (trtpd/gateway/config.py). The field names are an interface: they are defined
+here only. A reader ignores the fields it does not share (a local fleet's host-control fields)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+ROUTED_ROLES = ("prefill", "decode", "colocated")     # an "entry" instance (the Triton ensemble) is not routed to
+
+
+@dataclass(frozen=True)
+class RoutedInstance:
+    name: str                    # e.g. "prefill-0"; also the `instance` metrics label
+    role: str                    # prefill | decode | colocated | entry
+    model: str                   # the model name the instance serves (Triton: the role model's)
+    grpc_url: str                # host:port
+    metrics_url: str
+    max_input_len: int
+    max_seq_len: int
+    max_batch_size: int = 0      # (routing reads it from the instance's metrics; kept for the record)
+    http_url: str = ""
+    revision: int = 0            # the controller's revision it runs (0: a fleet started without a controller)
+    admin_state: str = "ready"   # ready | draining: the controller's word to the gateway (no new requests)
+    kv_advertise: str = ""       # prefill: its KV exporter's host:port (give-ups by request id go there)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RoutedInstance":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class FleetFile:
+    name: str
+    mode: str                    # disaggregated | colocated
+    key_file: str                # the deployment key (0600): orchestrator tokens, KV handles, the admin token
+    tokenizer_dir: str           # the checkpoint folder holding the tokenizer
+    instances: tuple[RoutedInstance, ...] = ()
+    build_root: str = ""         # the engines' folder (as the writer sees it)
+    traffic: dict | None = None  # TrafficSplit fields (canary revision, share, changed roles); None: no canary
+    routing: dict | None = None  # RoutingPolicy fields; None: the gateway's default
+    gateway: dict | None = None  # where the fleet's gateway listens: {"host", "port", ...} (the Triton entry sends
+                                 # its requests there; locally also its process: pid, start time, log, key file)
+
+    @property
+    def routed(self) -> tuple[RoutedInstance, ...]:
+        return tuple(i for i in self.instances if i.role in ROUTED_ROLES)
+
+    @property
+    def draining(self) -> frozenset[str]:
+        return frozenset(i.name for i in self.instances if i.admin_state == "draining")
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "mode": self.mode, "build_root": self.build_root, "key_file": self.key_file,
+                "tokenizer_dir": self.tokenizer_dir, "instances": [i.to_dict() for i in self.instances],
+                "traffic": self.traffic, "routing": self.routing, "gateway": self.gateway}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FleetFile":
+        return cls(data["name"], data["mode"], data["key_file"], data["tokenizer_dir"],
+                   tuple(RoutedInstance.from_dict(i) for i in data["instances"]), data.get("build_root", ""),
+                   data.get("traffic"), data.get("routing"), data.get("gateway"))
+
+
+def read_fleet_file(path: "str | Path") -> FleetFile:
+    """Raises OSError or ValueError (not JSON, a field missing) for the caller to name."""
+    try:
+        return FleetFile.from_dict(json.loads(Path(path).read_text()))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a fleet file ({type(exc).__name__}: {exc})") from None
