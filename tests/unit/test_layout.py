@@ -131,7 +131,7 @@ IO_MODULES = ("subprocess", "socket", "http.client", "urllib.request", "httpx", 
               "sqlite3", "fastapi", "uvicorn")
 SERVER_FRAMEWORKS = ("fastapi", "uvicorn", "starlette")
 PURE_CORES = ("routing", "sched", "planner", "sim", "perf", "schema", "catalog.py", "controller/reconcile.py",
-              "controller/rollout.py", "autoscale", "percentiles.py", "orchestration")
+              "controller/rollout.py", "autoscale", "percentiles.py", "orchestration", "admission.py")
 ADAPTERS = {   # modules beside the pure cores that do reach out, each named with its reason
     "schema/pbtxt.py": "parses config.pbtxt with tritonclient's protobuf message classes; no I/O",
     "perf/aiconfigurator.py": "runs NVIDIA's AIConfigurator in its own venv (numpy 2) as a subprocess",
@@ -202,11 +202,7 @@ def test_a_planted_violation_is_caught(tmp_path):
 
 
 # ---- names: no two public classes share a name with different meanings ------------------------------------
-KNOWN_SHARED_CLASS_NAMES = {
-    # the stub's admission (serving/admission.py) and the gateway's (gateway/admission.py): two admission
-    # designs, one of the bring-ups issue 20 still has to merge; the name goes with the second design
-    "Admission": {"serving/admission.py", "gateway/admission.py"},
-}
+KNOWN_SHARED_CLASS_NAMES: dict[str, set[str]] = {}   # none left (Admission was two designs: now trtpd/admission.py)
 
 
 def shared_class_names(root: Path = ROOT) -> dict[str, set[str]]:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from trtpd.perf_outputs import TTFT_PHASES_MS
+from trtpd.perf_outputs import TTFT_PHASES_S
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0)
-PHASES = {name: name.removesuffix("_ms") for name in TTFT_PHASES_MS}   # output name -> phase label
+PHASES = {name: name.removesuffix("_s") for name in TTFT_PHASES_S}   # perf key (seconds) -> phase label
 
 
 class GatewayMetrics:

@@ -20,6 +20,7 @@ from tritonclient.utils import InferenceServerException
 from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
 from trtpd.orchestration.transport import RoleChunk, RoleError, SamplingInputs
 from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
+from trtpd.perf_outputs import perf_from_tensors
 from trtpd import error_kinds
 
 OUTPUTS = ("output_ids", "sequence_length", "context_phase_params") + PERF_NAMES
@@ -128,11 +129,12 @@ class RoleClient:
 def _chunk(result) -> RoleChunk:
     ids = result.as_numpy("output_ids")
     handle = result.as_numpy("context_phase_params")
-    perf = {}
+    values = {}
     for name in PERF_NAMES:
         value = result.as_numpy(name)
         if value is not None and value.size:
-            perf[name] = float(value.reshape(-1)[0])
+            values[name] = float(value.reshape(-1)[0])
+    perf = perf_from_tensors(values)     # seconds from here on (the tensors carry milliseconds)
     final = result.get_response().parameters.get("triton_final_response")
     return RoleChunk([] if ids is None else [int(t) for t in ids.reshape(-1)],
                      None if handle is None or not handle.size else handle.astype(np.uint8).tobytes(), perf,

@@ -245,8 +245,7 @@ class FleetService:
         self.samples.append(RequestSample(
             t=time.time(), revision=revision, ok=error_kind is None, error_kind=error_kind, ttft_s=timing.ttft_s,
             tpot_s=timing.tpot_s, num_tokens=len(timing.token_times_s), num_prompt_tokens=num_prompt_tokens,
-            prefill_queue_s=perf["prefill_queue_ms"] / 1000 if "prefill_queue_ms" in perf else None,
-            decode_queue_s=perf["decode_queue_ms"] / 1000 if "decode_queue_ms" in perf else None,
+            prefill_queue_s=perf.get("prefill_queue_s"), decode_queue_s=perf.get("decode_queue_s"),
             itl_p50_s=quantile(gaps, 0.5), itl_p90_s=quantile(gaps, 0.9), itl_max_s=max(gaps, default=None),
             prefill_instance=instances[0], decode_instance=instances[1]))
 
@@ -265,11 +264,11 @@ class FleetService:
         m.e2e.observe(now - timing.arrival_s)
         for name, phase in PHASES.items():
             if name in perf:
-                m.breakdown.labels(phase).observe(perf[name] / 1000.0)
+                m.breakdown.labels(phase).observe(perf[name])
         if "kv_transfer_bytes" in perf:
             m.kv_bytes.inc(perf["kv_transfer_bytes"])
-        if "kv_transfer_ms" in perf:
-            m.kv_seconds.observe(perf["kv_transfer_ms"] / 1000.0)
+        if "kv_transfer_s" in perf:
+            m.kv_seconds.observe(perf["kv_transfer_s"])
         m.finished.inc()
         if timing.meets(self.config.slo):
             m.slo_met.inc()

@@ -17,66 +17,25 @@ later request could free, and no export expires for a request that was never ser
 
 from __future__ import annotations
 
-import threading
-import time
-
-
-class OverloadedError(Exception):
-    """The orchestrator's queue is full: the client should retry later (Triton UNAVAILABLE)."""
-
-
-class Admission:
-    def __init__(self, max_inflight: int, max_queued: int) -> None:
-        if max_inflight < 1 or max_queued < 0:
-            raise ValueError(f"admission needs max_inflight >= 1 and max_queued >= 0, got {max_inflight}, {max_queued}")
-        self.max_inflight = max_inflight
-        self.max_queued = max_queued
-        self._cond = threading.Condition()
-        self.num_inflight = 0
-        self.num_queued = 0
-        self.num_refused = 0
-
-    def enter(self, timeout_s: float | None = None) -> None:
-        """Waits for a slot; raises OverloadedError at once when the queue is full, or when no slot
-        came free within `timeout_s`."""
-        with self._cond:
-            if self.num_inflight >= self.max_inflight and self.num_queued >= self.max_queued:
-                self.num_refused += 1
-                raise OverloadedError(f"overloaded: {self.num_inflight} requests in flight and {self.num_queued} "
-                                      f"queued (limit {self.max_queued}); retry later")
-            self.num_queued += 1
-            deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            try:
-                while self.num_inflight >= self.max_inflight:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        self.num_refused += 1
-                        raise OverloadedError(f"overloaded: no slot came free in {timeout_s:.0f} s; retry later")
-                    self._cond.wait(remaining)
-            finally:
-                self.num_queued -= 1
-            self.num_inflight += 1
-
-    def leave(self) -> None:
-        with self._cond:
-            if self.num_inflight <= 0:
-                raise RuntimeError("Admission.leave without a matching enter")
-            self.num_inflight -= 1
-            self._cond.notify()
+from trtpd.admission import Admission, Overloaded, Ticket   # noqa: F401 - the one design (trtpd/admission.py)
 
 
 class Slot:
-    """One request's hold on an admission slot; `release` is idempotent, so every exit path may call it."""
+    """One request's hold on an admission slot, for the BLS's per-request thread: `acquire` blocks in the queue
+    (Overloaded at once when it is full, or when no slot came free within `timeout_s`); `release` is idempotent
+    and thread-safe, so the job's thread and the stub watch may both call it."""
 
     def __init__(self, admission: Admission) -> None:
         self._admission = admission
-        self._held = False
+        self._ticket: Ticket | None = None
 
     def acquire(self, timeout_s: float | None = None) -> None:
-        self._admission.enter(timeout_s)
-        self._held = True
+        ticket = self._admission.admit_blocking()
+        if not ticket.wait(timeout_s):
+            ticket.release()             # its queue place goes (or, granted just then, the slot passes on)
+            raise self._admission.refuse_timeout(timeout_s)
+        self._ticket = ticket
 
     def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._admission.leave()
+        if self._ticket is not None:
+            self._ticket.release()

@@ -24,9 +24,10 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtpd.serving.admission import Admission, OverloadedError, Slot
+from trtpd.serving.admission import Admission, Overloaded, Slot
 from trtpd.engine.request import ends_with
 from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
+from trtpd.perf_outputs import perf_to_tensors
 from trtpd.serving.pb import error_response, kind_of, model_parameters, tensor
 from trtpd.serving.request_parsing import parse_word_list
 from trtpd.serving.stub_watch import StubWatch
@@ -144,18 +145,6 @@ class _Job:
             return True
 
 
-class _Slot(Slot):
-    """A Slot that the job's thread and the stub watch may both release."""
-
-    def __init__(self, admission: Admission) -> None:
-        super().__init__(admission)
-        self._lock = threading.Lock()
-
-    def release(self) -> None:
-        with self._lock:
-            super().release()
-
-
 class DisaggBls:
     def initialize(self, args: dict) -> None:
         params = model_parameters(args)
@@ -178,7 +167,7 @@ class DisaggBls:
         self.admission = Admission(int(params.get("max_inflight_requests") or DEFAULT_MAX_INFLIGHT),
                                    int(params.get("max_queued_requests") or DEFAULT_MAX_QUEUED))
         # a dead role-model stub never answers: the watch fails every job at once (stub_watch.py)
-        self.jobs: dict[_Job, _Slot] = {}
+        self.jobs: dict[_Job, Slot] = {}
         self.jobs_lock = threading.Lock()
         self.dead_message: str | None = None
         self.watch = StubWatch.from_env(args["model_name"], args.get("model_instance_name", ""), self._on_death,
@@ -231,7 +220,7 @@ class DisaggBls:
         except Exception as exc:  # missing required inputs
             request.get_response_sender().send(error_response(f"disagg_bls: bad request: {exc}"), flags=FINAL)
             return
-        slot = _Slot(self.admission)
+        slot = Slot(self.admission)
         with self.jobs_lock:
             dead, self.jobs[job] = self.dead_message, slot
         try:
@@ -249,7 +238,7 @@ class DisaggBls:
                 self._disaggregated(job, slot)
             if not job.finished:
                 job.fail("the engine ended the request without its final token", "internal")
-        except OverloadedError as exc:
+        except Overloaded as exc:
             job.fail(str(exc), "unavailable")
         except BlsError as exc:
             job.fail(str(exc), exc.kind)
@@ -282,10 +271,10 @@ class DisaggBls:
                 slot.release()
                 if job.cancelled():   # the client went away: closing the request cancels the remote one
                     return
-                for name, ms in step["perf"].items():
+                for name, value in perf_to_tensors(step["perf"]).items():   # seconds -> the tensors' ms
                     if name in PERF_NAMES and name not in job.perf:
                         dtype = np.int64 if name == "kv_transfer_bytes" else np.float32
-                        job.perf[name] = np.array([[ms]], dtype=dtype)
+                        job.perf[name] = np.array([[value]], dtype=dtype)
                 job.send_tokens(step["token_ids"])
                 if job.finished:
                     if job.ended_by_engine():   # the fleet ends it too: read its end, so it counts as served

@@ -33,7 +33,7 @@ class ScriptedOrchestrator:
         if self.fail is not None:
             raise self.fail
         for i, token in enumerate(self.ids[:sampling.max_new_tokens]):
-            yield Generated([token], {"prefill_queue_ms": 1.0} if i == 0 else {})
+            yield Generated([token], {"prefill_queue_s": 0.001} if i == 0 else {})
         if len(self.ids) < sampling.max_new_tokens:
             yield Generated([sampling.end_id])
 

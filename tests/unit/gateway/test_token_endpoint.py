@@ -40,7 +40,7 @@ def test_steps_stream_as_lines_then_done_and_the_request_is_sampled_and_counted(
     assert r.status_code == 200 and r.headers["content-type"] == "application/x-ndjson", r.text
     out = lines(r)
     assert out[-1] == {"done": True} and all(len(step["token_ids"]) == 1 for step in out[:-1])
-    assert out[0]["perf"] == {"prefill_queue_ms": 1.0}
+    assert out[0]["perf"] == {"prefill_queue_s": 0.001}          # seconds behind the Triton tensors
     prompt_ids, sampling = svc.orchestrator.calls[0]
     assert prompt_ids == BODY["prompt_ids"] and (sampling.max_new_tokens, sampling.end_id) == (8, 2)
     [sample] = list(svc.samples)

@@ -24,7 +24,7 @@ class _Transport:
     async def stream(self, request_id, request_type, prompt_ids, sampling, handle=None):
         self.calls.append(request_type)
         if request_type == "context_only":
-            yield RoleChunk(list(self.first), handle=b"kv", perf={"prefill_compute_ms": 1.0}, final=True)
+            yield RoleChunk(list(self.first), handle=b"kv", perf={"prefill_compute_s": 0.001}, final=True)
             return
         if self.failed == []:
             self.failed.append(self.name)
