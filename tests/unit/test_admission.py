@@ -27,7 +27,8 @@ def test_requests_beyond_the_inflight_bound_wait_and_enter_as_slots_free():
     entered, third = threading.Event(), Slot(adm)     # (a Slot no one holds any more is released when collected)
     waiter = threading.Thread(target=lambda: (third.acquire(), entered.set()))
     waiter.start()
-    assert not entered.wait(0.2) and adm.num_queued == 1
+    wait_until(lambda: adm.num_queued == 1)
+    assert not entered.is_set()
     first.release()
     assert entered.wait(5.0)
     waiter.join()
@@ -122,6 +123,11 @@ def test_many_threads_never_exceed_the_inflight_bound():
     assert peak[0] <= 3 and adm.num_inflight == 0 and adm.num_refused == 0 and adm.peak_inflight <= 3
 
 
+async def until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0)
+
+
 def test_the_asyncio_face_reserves_at_admission_and_hands_slots_on_in_order():
     async def go():
         adm = Admission(max_inflight=1, max_queued=2)
@@ -134,10 +140,11 @@ def test_the_asyncio_face_reserves_at_admission_and_hands_slots_on_in_order():
             await ticket.enter()
             entered.append(name)
         tasks = [asyncio.create_task(enter("third", third)), asyncio.create_task(enter("second", second))]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)                  # both tasks now wait on their tickets
+        assert entered == []
         first.release()
-        await asyncio.sleep(0.01)
-        assert entered == ["second"]
+        await asyncio.wait_for(until(lambda: entered), 5)
+        assert entered == ["second"] and not third.holds_slot
         second.release()
         await asyncio.gather(*tasks)
         third.release()

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from trtpd.engine.tokenizer import InvalidTextError
-from trtpd.gateway.admission import Overloaded
+from trtpd.admission import Overloaded
 from trtpd.gateway.config import GatewayConfig
 from trtpd.gateway.detok import IncrementalDetokenizer
 from trtpd.orchestration.orchestrator import OrchestratorError

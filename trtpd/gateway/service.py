@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from collections.abc import AsyncIterator
 
-from trtpd.gateway.admission import Admission, Ticket
+from trtpd.admission import Admission, Ticket
 from trtpd.gateway.config import GatewayConfig
 from trtpd.gateway.loads import probe
 from trtpd.gateway.metrics import PHASES, GatewayMetrics

@@ -64,10 +64,10 @@ class FleetBridge:
 
         self.fleet_file = Path(fleet_file)
         self.admin_token = gateway_admin_token(load_or_create_key_file(read_fleet_file(self.fleet_file).key_file))
+        self._address: tuple[str, int] | None = None   # read once it is there; again when it does not answer
 
     def gateway_address(self) -> tuple[str, int]:
-        """The gateway's host and port, from fleet.json (read each time: it is attached after the entry starts,
-        and a restarted gateway keeps its port)."""
+        """The gateway's host and port, from fleet.json (the gateway is attached after the entry starts)."""
         try:
             gateway = read_fleet_file(self.fleet_file).gateway or {}
         except (OSError, ValueError):
@@ -80,7 +80,7 @@ class FleetBridge:
     def serve(self, request_id: str, prompt_ids: list[int], sampling) -> BridgedRequest:
         """Sends the request; returns its stream once the gateway answered with its first step. Refused or failed
         before it: BridgeError with the gateway's message (a full gateway: unavailable, its 429)."""
-        host, port = self.gateway_address()
+        host, port = self._address = self._address or self.gateway_address()
         body = {"request_id": request_id, "prompt_ids": prompt_ids, "max_new_tokens": sampling.max_new_tokens,
                 "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                 "seed": sampling.seed, "end_id": sampling.end_id}
@@ -91,6 +91,7 @@ class FleetBridge:
             response = conn.getresponse()
         except OSError as exc:
             conn.close()
+            self._address = None          # a gateway that moved or is not back yet: fleet.json is read again
             raise BridgeError(f"the fleet's gateway at {host}:{port} cannot be reached: {exc}", "unavailable") from None
         if response.status != 200:
             try:
