@@ -1,8 +1,10 @@
 """A request's way through the fleet: prefill on one instance, decode on another, as the routing core
 decides, with the retries it allows (a KV pull that fails because prefill died is prefilled again
 elsewhere). Yields the generated tokens as they arrive; every path releases the router's accounting.
-The one orchestrator: the gateway and the fleet's Triton entry run it (trtpd/gateway/service.py), over any
-RoleTransport (transport.py).
+The one orchestrator: the gateway runs it (trtpd/gateway/service.py) for its OpenAI clients and for the fleet's
+Triton entry, and the single server's BLS through its blocking face (blocking.py), over any RoleTransport
+(transport.py). Every sub-request's stream is closed as soon as the request leaves it (a client
+gone, a stop word, an error), so the transport cancels it on its instance then, not when the stream is collected.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from contextlib import aclosing
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -120,17 +123,18 @@ class Orchestrator:
                     raise OrchestratorError("no decode instance can take this request now; retry later", "unavailable")
                 held.add(decode.instance)
                 try:
-                    async for chunk in self.clients[decode.instance].stream(
-                            f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle):
-                        tokens = chunk.token_ids
-                        if tokens and not streamed:
-                            self.router.decode_started(request_id)   # its metrics count the request from now on
-                            held.drop(prefill.instance)               # the KV is pulled: prefill holds nothing
-                            streamed = True
-                            if sent:
-                                tokens = self._drop_repeat(tokens, repeat, decode.instance)
-                        if tokens or chunk.final:
-                            yield Generated(tokens, {**perf, **chunk.perf}, prefill.instance, decode.instance)
+                    async with aclosing(self.clients[decode.instance].stream(
+                            f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle)) as chunks:
+                        async for chunk in chunks:
+                            tokens = chunk.token_ids
+                            if tokens and not streamed:
+                                self.router.decode_started(request_id)   # its metrics count the request from now on
+                                held.drop(prefill.instance)               # the KV is pulled: prefill holds nothing
+                                streamed = True
+                                if sent:
+                                    tokens = self._drop_repeat(tokens, repeat, decode.instance)
+                            if tokens or chunk.final:   # prefill's own timings over decode's view of them
+                                yield Generated(tokens, {**chunk.perf, **perf}, prefill.instance, decode.instance)
                     return
                 except RoleError as exc:
                     if streamed or sent:   # the client has part of the answer: no retry can continue it
@@ -164,10 +168,11 @@ class Orchestrator:
         handle, perf, first = None, {}, []
         exported.waiting = True
         try:
-            async for chunk in self.clients[instance].stream(sub_id, "context_only", ids, sampling):
-                handle = exported.handle = chunk.handle or handle
-                perf.update(chunk.perf)
-                first = first or list(chunk.token_ids)
+            async with aclosing(self.clients[instance].stream(sub_id, "context_only", ids, sampling)) as chunks:
+                async for chunk in chunks:
+                    handle = exported.handle = chunk.handle or handle
+                    perf.update(chunk.perf)
+                    first = first or list(chunk.token_ids)
         except RoleError:
             exported.waiting = False    # prefill answered with an error: nothing was exported
             raise
@@ -184,7 +189,9 @@ class Orchestrator:
         limit = self.router.policy.max_decode_attempts if stage == "decode" else self.router.policy.max_prefill_attempts
         if decision.action == "fail" and not (self.wait_for_instance_s > 0 and exc.kind == "unavailable"
                                               and decision.error_kind == "unavailable" and attempt < limit):
-            raise OrchestratorError(decision.message or str(exc), _http_kind(decision.error_kind))
+            # the routing core's verdict, then the instance's own words (a field-named 400, "KV dtype differs")
+            raise OrchestratorError(f"{decision.message}: {exc}" if decision.message else str(exc),
+                                    _http_kind(decision.error_kind))
         # a retry, or one whose only obstacle is that no other instance is ready now: the next pick waits for one
         return failed | decision.exclude, attempt + 1
 
@@ -217,13 +224,15 @@ class Orchestrator:
             streamed = False
             held = _Holds(self.holds, route.instance)
             try:
-                async for chunk in self.clients[route.instance].stream(f"{request_id}-c{attempt}", "", ids, sampling):
-                    if chunk.token_ids and not streamed:
-                        self.router.prefill_done(request_id)
-                        self.router.decode_started(request_id)
-                    if chunk.token_ids or chunk.final:
-                        streamed = streamed or bool(chunk.token_ids)
-                        yield Generated(chunk.token_ids, chunk.perf, None, route.instance)
+                async with aclosing(self.clients[route.instance].stream(f"{request_id}-c{attempt}", "", ids,
+                                                                         sampling)) as chunks:
+                    async for chunk in chunks:
+                        if chunk.token_ids and not streamed:
+                            self.router.prefill_done(request_id)
+                            self.router.decode_started(request_id)
+                        if chunk.token_ids or chunk.final:
+                            streamed = streamed or bool(chunk.token_ids)
+                            yield Generated(chunk.token_ids, chunk.perf, None, route.instance)
                 return
             except RoleError as exc:
                 if streamed:

@@ -36,9 +36,21 @@ class RoleError(Exception):
 
     def __init__(self, message: str, kind: str, instance: str, transport: bool = False) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind = routed_kind(kind)
         self.instance = instance
         self.transport = transport
+
+
+# a role model's verdict (trtpd/error_kinds.py's kinds) -> the three the routing core decides on
+_ROUTED = {"invalid_arg": "invalid_arg", "unsupported": "invalid_arg", "unavailable": "unavailable",
+           "cancelled": "unavailable"}
+
+
+def routed_kind(kind: str) -> str:
+    """The routing core's kind for a role model's error kind: the client's fault (invalid_arg, unsupported), the
+    instance's for now (unavailable; cancelled: the instance ended the request, e.g. while it stopped), or a
+    server fault (everything else)."""
+    return _ROUTED.get(kind, "internal")
 
 
 @dataclass
