@@ -123,7 +123,7 @@ def children(pid: int) -> list[int]:
 def state_files(server) -> dict[Path, int]:
     folder = Path(server.server.log_path).parent
     repo = Path(server.server.repo)
-    files = [folder, folder / "deployment.json", Path(server.server.log_path), folder / ADMIN_KEY_FILE,
+    files = [folder, folder / "fleet.json", Path(server.server.log_path), folder / ADMIN_KEY_FILE,
              repo.parent / f"{repo.name}.kv.key"]
     return {p: p.stat().st_mode & 0o777 for p in files}
 

@@ -22,9 +22,10 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.fleet import records
     from trtpd.fleet.launcher import fleet_down
 
-    names = [d.name for d in deployment.list_deployments()] if args.all else [args.name]
-    fleets = [f.name for f in records.list_fleets()] if args.all else [n for n in names if records.is_fleet(n)]
-    names = [n for n in names if n not in fleets]
+    if args.all:
+        names, fleets = [d.name for d in deployment.list_deployments()], [f.name for f in records.list_fleets()]
+    else:
+        names, fleets = ([], [args.name]) if records.is_fleet(args.name) else ([args.name], [])
     from trtpd.controller.daemon import mark_all_stopped, stop_controller
     for name in fleets:
         pid = stop_controller(name)   # first, or it would replace the instances being stopped

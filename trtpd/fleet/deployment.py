@@ -1,39 +1,33 @@
-"""Named local deployments: render a repository, run tritonserver for it, remember it, stop it.
+"""Single-server deployments: render a repository, run one tritonserver for it, remember it, stop it.
 
 State lives under $TRTPD_HOME (default ./.trtpd): deployments/<name>/ holds the rendered
-repository, its KV key, the server log, deployment.json (pid and start time, ports, mode) and the
-stubs' registry and death record (stub_watch.py). A pid is signalled only while its start time is
-the one recorded at `up`; `up` first removes what a crashed deployment of the same name left behind.
+repository, its KV key, the server log, fleet.json (records.py, the record every bring-up writes: here one
+instance of role "server", with its pid and start time, ports, mode) and the stubs' registry and death record
+(stub_watch.py). A pid is signalled only while its start time is the one recorded at `up`; `up` first removes
+what a crashed deployment of the same name left behind.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtpd.deploy.spec import ReferenceDeployment, key_file_for
 from trtpd.errors import TrtpdError
-from trtpd.deploy.spec import ReferenceDeployment
+from trtpd.fleet import records
+from trtpd.fleet.records import SERVER, FleetRecord, InstanceRecord, deployment_dir, trtpd_home
+from trtpd.fleet.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, start_until_ready,
+                                      stop_server)
 from trtpd.repo.reference import render_reference_repository
 from trtpd.serving import stub_watch
-from trtpd.fleet.tritonserver import (ServerPorts, ServerProcess, port_is_free, start_server, start_until_ready,
-                                        stop_server)
+
+__all__ = ["DOWN_TIMEOUT_S", "Deployment", "clean_leftovers", "deployment_dir", "down", "list_deployments",
+           "server_state", "trtpd_home", "up"]
 
 # tritonserver's own exit timeout is 3 s (tritonserver.EXIT_TIMEOUT_S) for in-flight requests; a server still
 # finalizing its python stubs 1 s after that is killed (its group too), so `down` ends in seconds under load
 DOWN_TIMEOUT_S = 6.0
-
-
-def trtpd_home() -> Path:
-    return Path(os.environ.get("TRTPD_HOME", ".trtpd")).resolve()
-
-
-def deployment_dir(name: str) -> Path:
-    if not name or "/" in name or name.startswith("."):
-        raise TrtpdError(f"deployment name {name!r}: use letters, digits, '-' or '_'")
-    return trtpd_home() / "deployments" / name
 
 
 def server_state(server: ServerProcess, death: dict | None, whose: str) -> tuple[str, str]:
@@ -52,11 +46,14 @@ def server_state(server: ServerProcess, death: dict | None, whose: str) -> tuple
 
 @dataclass
 class Deployment:
+    """A single-server deployment, as its record (fleet.json, one instance of role "server") holds it."""
+
     name: str
     mode: str
     server: ServerProcess
     started_at: float
     build_root: str
+    kv_transport: str = ""
     note: str = ""      # what `down` has to say (e.g. the pid was not ours any more)
 
     @property
@@ -72,27 +69,37 @@ class Deployment:
         """(ready | starting | failed | exited, reason)."""
         return server_state(self.server, self.death(), "this deployment's")
 
+    def record(self) -> FleetRecord:
+        """The deployment as the one record: its server is its only instance, routed by nobody (its ensemble is
+        its own entry), so the engine sizes a gateway would route by are left 0."""
+        server = InstanceRecord(SERVER, SERVER, "ensemble", self.server, self.build_root, self.kv_transport, "", "",
+                                [], 0, 0, 0, 0)
+        return FleetRecord(self.name, self.mode, self.build_root, str(key_file_for(Path(self.server.repo))),
+                           str(Path(self.build_root) / "checkpoint"), [server], started_at=self.started_at)
+
     def save(self) -> None:
-        path = deployment_dir(self.name) / "deployment.json"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)   # owner only, like the rest of the folder
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"name": self.name, "mode": self.mode, "server": self.server.to_dict(),
-                                "started_at": self.started_at, "build_root": self.build_root}, indent=2))
+        self.record().save()    # atomically, 0600, in the owner's 0700 folder
 
     @classmethod
     def load(cls, name: str) -> "Deployment":
-        path = deployment_dir(name) / "deployment.json"
-        if not path.is_file():
+        if not (deployment_dir(name) / records.FLEET_FILE).is_file():
             raise TrtpdError(f"no deployment named {name!r} (see `trtpd status`)")
-        d = json.loads(path.read_text())
-        return cls(d["name"], d["mode"], ServerProcess.from_dict(d["server"]), d["started_at"], d["build_root"])
+        return cls.of(records.load_record(name))
+
+    @classmethod
+    def of(cls, record: FleetRecord) -> "Deployment":
+        server = record.single_server
+        if server is None:
+            raise TrtpdError(f"{record.name!r} is a fleet, not a single-server deployment (see `trtpd status "
+                             f"--name {record.name}`)")
+        return cls(record.name, record.mode, server.server, record.started_at, record.build_root,
+                   server.kv_transport)
 
 
 def up(name: str, spec: ReferenceDeployment, *, ports: ServerPorts | None = None, timeout_s: float = 180.0,
        replace: bool = False) -> Deployment:
     folder = deployment_dir(name)
-    if (folder / "deployment.json").is_file():
+    if records.is_single_server(name):
         existing = Deployment.load(name)
         if existing.server.is_alive():
             if not replace:
@@ -109,14 +116,14 @@ def up(name: str, spec: ReferenceDeployment, *, ports: ServerPorts | None = None
         if deployments:               # a start again: nothing of the one that failed may mislead its stubs
             stub_watch.clear_state(folder)
         server = start_server(repo, folder, ports=chosen, log_path=folder / "tritonserver.log")
-        deployments.append(Deployment(name, spec.mode, server, time.time(), str(spec.build_root)))
+        deployments.append(Deployment(name, spec.mode, server, time.time(), str(spec.build_root), spec.kv_transport))
         deployments[-1].save()        # named on disk at once: `trtpd down` finds it whatever happens next
         return server
 
     try:
         start_until_ready(start, ports, timeout_s)
     except BaseException:
-        (folder / "deployment.json").unlink(missing_ok=True)
+        (folder / records.FLEET_FILE).unlink(missing_ok=True)
         raise
     return deployments[-1]
 
@@ -140,13 +147,10 @@ def down(name: str, timeout_s: float = DOWN_TIMEOUT_S) -> Deployment:
     stub_watch.mark_stopping(dep.folder)   # an orderly stop: the stubs' exits are not deaths
     stop_server(dep.server, timeout_s)     # signals the pid only while it is still our server
     clean_leftovers(dep.server)
-    (dep.folder / "deployment.json").unlink(missing_ok=True)
+    (dep.folder / records.FLEET_FILE).unlink(missing_ok=True)
     return dep
 
 
 def list_deployments() -> list[Deployment]:
-    root = trtpd_home() / "deployments"
-    if not root.is_dir():
-        return []
-    return [Deployment.load(p.parent.name) for p in sorted(root.glob("*/deployment.json"))]
-
+    """The single-server deployments (records.list_fleets() has the fleets)."""
+    return [Deployment.of(r) for r in records.list_records() if r.single_server is not None]

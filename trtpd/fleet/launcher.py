@@ -153,8 +153,7 @@ def ready_or_restarted(starter: Starter, fleet: FleetRecord, plan: InstancePlan,
 
 
 def _check_name_free(name: str, replace: bool) -> None:
-    folder = deployment.deployment_dir(name)
-    if (folder / "deployment.json").is_file():
+    if records.is_single_server(name):
         raise TrtpdError(f"{name!r} is a single-server deployment; `trtpd down --name {name}` first, "
                          f"or choose another --name")
     if records.is_fleet(name):

@@ -1,9 +1,12 @@
-"""fleet.json: what a fleet runs, where, and with which keys (owner-only, 0600).
+"""fleet.json: the one record of what a deployment runs, where, and with which keys (owner-only, 0600).
 
-The part the gateway reads is trtpd/schema/fleet_file.py's (FleetFile: the routed instances, drains, the canary
-split, the routing policy); this record adds what host-side control needs (each server's pid, start time and
-ports, cores, KV binds, the gateway's and supervisord's processes). Read by `trtpd down/status`, the
-controller's local executor and the gateway.
+Every bring-up writes it: a fleet (`trtpd up --fleet`: one tritonserver per instance), a controller's deployment
+(its local executor), and a single-server deployment (`trtpd up`: one instance of role "server", the tritonserver
+that holds the role models and their ensemble). The part the gateway reads is trtpd/schema/fleet_file.py's
+(FleetFile: the routed instances, drains, the canary split, the routing policy); this record adds what host-side
+control needs (each server's pid, start time and ports, cores, KV binds, the gateway's and supervisord's
+processes). Read by `trtpd down/status`, the controller's local executor and the gateway. (The controller's own
+controller.db holds its decisions: revisions, the lifecycle it wants for each instance, the audit log.)
 """
 
 from __future__ import annotations
@@ -15,13 +18,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtpd.errors import TrtpdError
-from trtpd.fleet.deployment import deployment_dir, trtpd_home
 from trtpd.fleet.tritonserver import ServerProcess
 from trtpd.schema.fleet_file import FleetFile, RoutedInstance
 
 FLEET_FILE = "fleet.json"
-ROLES = ("prefill", "decode", "colocated", "entry")   # entry: the Triton ensemble in front (optional)
+SERVER = "server"   # a single-server deployment's one tritonserver: role models, BLS and ensemble in one
+# entry: the Triton ensemble in front of a fleet (optional)
+ROLES = ("prefill", "decode", "colocated", "entry", SERVER)
 MODES = ("disaggregated", "colocated")
+
+
+def trtpd_home() -> Path:
+    return Path(os.environ.get("TRTPD_HOME", ".trtpd")).resolve()
+
+
+def deployment_dir(name: str) -> Path:
+    if not name or "/" in name or name.startswith("."):
+        raise TrtpdError(f"deployment name {name!r}: use letters, digits, '-' or '_'")
+    return trtpd_home() / "deployments" / name
 
 
 @dataclass
@@ -95,6 +109,13 @@ class FleetRecord:
     def path(self) -> Path:
         return self.folder / FLEET_FILE
 
+    @property
+    def single_server(self) -> InstanceRecord | None:
+        """The one tritonserver of a single-server deployment (None: this record is a fleet's)."""
+        if len(self.instances) == 1 and self.instances[0].role == SERVER:
+            return self.instances[0]
+        return None
+
     def instance(self, name: str) -> InstanceRecord:
         for inst in self.instances:
             if inst.name == name:
@@ -131,11 +152,11 @@ class FleetRecord:
         os.replace(tmp, self.path)
 
 
-def load_fleet(name: str) -> FleetRecord:
+def load_record(name: str) -> FleetRecord:
+    """The record of deployment `name`, a fleet's or a single server's."""
     path = deployment_dir(name) / FLEET_FILE
     if not path.is_file():
-        raise TrtpdError(f"no fleet named {name!r}: {path} does not exist (start one with "
-                         f"`trtpd up --fleet --name {name}`; see `trtpd status`)")
+        raise TrtpdError(f"no deployment named {name!r}: {path} does not exist (see `trtpd status`)")
     try:
         return FleetRecord.from_dict(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
@@ -143,10 +164,37 @@ def load_fleet(name: str) -> FleetRecord:
                          f"stop its processes by hand and remove the file") from None
 
 
+def load_fleet(name: str) -> FleetRecord:
+    """The record of fleet `name` (a single-server deployment is refused: it has no instances to control)."""
+    if not (deployment_dir(name) / FLEET_FILE).is_file():
+        raise TrtpdError(f"no fleet named {name!r}: {deployment_dir(name) / FLEET_FILE} does not exist (start one "
+                         f"with `trtpd up --fleet --name {name}`; see `trtpd status`)")
+    record = load_record(name)
+    if record.single_server is not None:
+        raise TrtpdError(f"{name!r} is a single-server deployment, not a fleet; `trtpd down --name {name}` first, "
+                         f"or choose another --name")
+    return record
+
+
+def _kind(name: str) -> str | None:
+    """"fleet", "single" or None (no record)."""
+    if not (deployment_dir(name) / FLEET_FILE).is_file():
+        return None
+    return "single" if load_record(name).single_server is not None else "fleet"
+
+
 def is_fleet(name: str) -> bool:
-    return (deployment_dir(name) / FLEET_FILE).is_file()
+    return _kind(name) == "fleet"
+
+
+def is_single_server(name: str) -> bool:
+    return _kind(name) == "single"
+
+
+def list_records() -> list[FleetRecord]:
+    root = trtpd_home() / "deployments"
+    return [load_record(p.parent.name) for p in sorted(root.glob(f"*/{FLEET_FILE}"))] if root.is_dir() else []
 
 
 def list_fleets() -> list[FleetRecord]:
-    root = trtpd_home() / "deployments"
-    return [load_fleet(p.parent.name) for p in sorted(root.glob(f"*/{FLEET_FILE}"))] if root.is_dir() else []
+    return [r for r in list_records() if r.single_server is None]

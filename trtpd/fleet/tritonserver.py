@@ -269,7 +269,7 @@ def start_server(repo: Path, state_dir: Path, *, host: str = "127.0.0.1", ports:
     from trtpd.fleet import server_guard
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    state_dir.chmod(0o700)     # repository, keys, logs, deployment.json: the owner's only
+    state_dir.chmod(0o700)     # repository, keys, logs, fleet.json: the owner's only
     admin_key_file = state_dir / server_guard.ADMIN_KEY_FILE
     admin_key = load_or_create_key_file(admin_key_file)
     backends = prepare_backend_dir(state_dir)

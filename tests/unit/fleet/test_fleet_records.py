@@ -108,3 +108,33 @@ def test_one_fleet_file_model_for_its_three_codecs(home):
     bad.write_text('{"name": "x"}')
     with pytest.raises(ValueError, match="not a fleet file"):
         read_fleet_file(bad)
+
+
+def test_a_single_server_is_recorded_in_the_same_record_as_a_fleet(home):
+    """One record of what runs: `trtpd up`'s single server writes fleet.json through the fleet's codec (one
+    instance of role "server"); the fleet-only readers refuse it by name, the single-server readers a fleet."""
+    from trtpd.fleet import deployment, records
+
+    server = ServerProcess(4321, "127.0.0.1", ServerPorts(8000, 8001, 8002), str(home / "deployments/one/repo"),
+                           str(home / "deployments/one/tritonserver.log"), "trtpd8000_", "", 555)
+    deployment.Deployment("one", "disaggregated", server, 12.5, "/engines/x", "tcp").save()
+    FleetRecord("many", "disaggregated", "/engines/x", "/k/kv.key", "/engines/x/checkpoint",
+                [instance("decode-0", "decode", 9000)]).save()
+    path = home / "deployments" / "one" / "fleet.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and not (path.parent / "deployment.json").exists()
+    record = records.load_record("one")
+    assert record.single_server is not None and record.single_server.server == server
+    assert record.single_server.role == "server" and record.single_server.kv_transport == "tcp"
+    assert record.key_file == str(home / "deployments/one/repo.kv.key")
+    assert record.fleet_file().routed == ()            # a gateway routes to none of it: its ensemble is the entry
+    again = deployment.Deployment.load("one")
+    assert (again.name, again.mode, again.server, again.started_at, again.build_root, again.kv_transport) == \
+        ("one", "disaggregated", server, 12.5, "/engines/x", "tcp")
+    assert records.is_single_server("one") and not records.is_fleet("one")
+    assert records.is_fleet("many") and not records.is_single_server("many")
+    assert [f.name for f in list_fleets()] == ["many"]
+    assert [d.name for d in deployment.list_deployments()] == ["one"]
+    with pytest.raises(TrtpdError, match="'one' is a single-server deployment, not a fleet"):
+        load_fleet("one")
+    with pytest.raises(TrtpdError, match="'many' is a fleet, not a single-server deployment"):
+        deployment.Deployment.load("many")

@@ -205,7 +205,7 @@ def test_down_refuses_to_signal_a_pid_that_is_not_its_server(tmp_path, monkeypat
     dep = deployment.down("reused")
     assert dep.note == f"pid {sleeper.pid} is no longer this deployment's tritonserver; nothing signalled"
     assert sleeper.poll() is None and stub_watch.is_running(sleeper.pid, stub_watch.start_time(sleeper.pid))
-    assert not (tmp_path / "deployments" / "reused" / "deployment.json").exists()
+    assert not (tmp_path / "deployments" / "reused" / "fleet.json").exists()
 
 
 def test_down_signals_its_own_server(tmp_path, monkeypatch, sleeper):
