@@ -2,7 +2,7 @@
 """GPU smoke test of trtpd's TensorRT-LLM 1.2.1 path, run inside the container on a box with 2+ GPUs.
 
     docker run --rm --gpus '"device=0,1"' --ipc=host -v $PWD:/trtpd -w /trtpd \
-        nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 python3 scripts/gpu_smoke.py
+        nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 python3 scripts/gpu_smoke.py
 
 1. writes a small random-weight Llama (2 layers, hidden 256) and a word-level tokenizer;
 2. `trtpd build` for both roles (fp16, TP1/TP1: prefill on GPU 0, decode on GPU 1), which renders
@@ -275,7 +275,7 @@ def run_trtpd(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--work-dir", type=Path, default=SmokeConfig.work_dir)
-    p.add_argument("--container", default="auto", choices=("auto", "triton-25.12", "trtllm-1.2.1"))
+    p.add_argument("--container", default="auto", choices=("auto", "triton-26.04", "trtllm-1.2.1"))
     p.add_argument("--print-plan", action="store_true", help="print the commands and requests; run nothing")
     p.add_argument("--skip-serve", action="store_true", help="only the Triton path")
     args = p.parse_args(argv)

@@ -49,11 +49,14 @@ def register(subparsers) -> None:
     p.add_argument("--hf-model", default=None,
                    help="HF id or folder given to quantize.py --model_dir (default: the catalog's HF id, or --model)")
     p.add_argument("--tokenizer-dir", default=None, help="tokenizer for pre/post-processing (default: --hf-model)")
-    p.add_argument("--container", choices=("auto", "triton-25.12", "trtllm-1.2.1"), default=None,
-                   help="the container the build and the deployment run in: triton-25.12 "
-                        "(nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3, examples in /app/examples) or "
-                        "trtllm-1.2.1 (nvcr.io/nvidia/tensorrt-llm/release:1.2.1, /app/tensorrt_llm/examples); "
-                        "auto (default) detects it from the examples folder, else triton-25.12")
+    p.add_argument("--container", default=None, metavar="{auto,triton-26.04,trtllm-1.2.1}",
+                   help="the container the build and the deployment run in (each ships TensorRT-LLM 1.2.1 with "
+                        "TensorRT 10.14.1.48; docs/containers.md): triton-26.04 "
+                        "(nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3, examples in /app/examples; both "
+                        "paths) or trtllm-1.2.1 (nvcr.io/nvidia/tensorrt-llm/release:1.2.1, "
+                        "/app/tensorrt_llm/examples; no tritonserver, so trtllm-serve only); auto (default) detects "
+                        "it from the examples folder, else triton-26.04. An image that ships another TensorRT-LLM "
+                        "(e.g. triton-25.12: 1.1.0) is refused with the one to use")
     p.add_argument("--trtllm-examples", default=None,
                    help="TensorRT-LLM examples folder holding quantization/quantize.py (default: the container's)")
     p.add_argument("--gpus-per-node", type=a.positive_int, default=8, help="GPUs per node")

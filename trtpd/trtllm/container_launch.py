@@ -1,7 +1,8 @@
 """Start the deployment in its container: a `docker run` line and a compose file per serving path.
 
 Triton path: one container runs the whole MPI world (launch_triton.sh); it gets the GPUs of every
-role, and each role model pins its own through gpu_device_ids. trtllm-serve path: one service per
+role, and each role model pins its own through gpu_device_ids. Only an image with tritonserver gets these
+files (ContainerLayout.has_tritonserver). trtllm-serve path: one service per
 context/generation server, each given only its own GPUs, plus the router; they share the host's
 network and IPC namespace so UCX can use CUDA IPC between them. The engines folder is mounted at the
 same path inside, so every absolute path in the configs holds. Ports bind 127.0.0.1 unless told.
@@ -155,10 +156,13 @@ def _quote(arg: str) -> str:
 def render_container_files(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
                            ports: TritonPorts, serve: ServeLayout, workers: list[WorkerCommand],
                            tokenizer_dir: str) -> dict[str, str]:
+    """Both paths' files; the Triton ones only for an image with tritonserver (TensorRT-LLM's release image has
+    none: its `release` stage builds FROM devel, not tritondevel), so that image gets trtllm-serve only."""
     d = CONTAINER_DIR
-    return {
-        f"{d}/docker-run-triton.sh": triton_docker_run(plan, world, layout, deploy_dir, ports, tokenizer_dir),
-        f"{d}/compose.triton.yaml": triton_compose(plan, world, layout, deploy_dir, ports, tokenizer_dir),
-        f"{d}/docker-run-trtllm-serve.sh": serve_docker_run(plan, world, layout, deploy_dir, serve, tokenizer_dir),
-        f"{d}/compose.trtllm-serve.yaml": serve_compose(plan, layout, deploy_dir, serve, workers, tokenizer_dir),
-    }
+    files = {}
+    if layout.has_tritonserver:
+        files[f"{d}/docker-run-triton.sh"] = triton_docker_run(plan, world, layout, deploy_dir, ports, tokenizer_dir)
+        files[f"{d}/compose.triton.yaml"] = triton_compose(plan, world, layout, deploy_dir, ports, tokenizer_dir)
+    files[f"{d}/docker-run-trtllm-serve.sh"] = serve_docker_run(plan, world, layout, deploy_dir, serve, tokenizer_dir)
+    files[f"{d}/compose.trtllm-serve.yaml"] = serve_compose(plan, layout, deploy_dir, serve, workers, tokenizer_dir)
+    return files

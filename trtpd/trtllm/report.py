@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from trtpd.trtllm.deploy import REPO_DIR, DeployPlan
+from trtpd.trtllm.containers import CONTAINERS, DEFAULT_CONTAINER
+from trtpd.trtllm.deploy import REPO_DIR, TRITON_LAUNCH, DeployPlan
 from trtpd.trtllm.launch import PYTHON_DIR
 from trtpd.trtllm.serve_config import transfer_buffer_tokens
 from trtpd.schema.manifest import MANIFEST_NAME
@@ -34,6 +35,9 @@ def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) ->
                  f"kv_transfer_timeout_ms {r.kv_transfer_timeout_ms}")
     c = deploy.container
     lines.append(f"  container: {c.name} ({c.image}), TensorRT-LLM examples in {r.examples_dir}")
+    if not c.has_tritonserver:
+        lines.append(f"  Triton path: not in {c.image} (no tritonserver); run {TRITON_LAUNCH} in "
+                     f"{CONTAINERS[DEFAULT_CONTAINER].image}")
     for warning in r.warnings:
         lines.append(f"  warning: {warning}")
     lines.append("")

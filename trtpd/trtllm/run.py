@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtpd.trtllm.check import lint_plan, preview_repository
-from trtpd.trtllm.containers import ContainerLayout, choose_container, require_examples
+from trtpd.trtllm.containers import CONTAINERS, DEFAULT_CONTAINER, ContainerLayout, require_examples
 from trtpd.trtllm.deploy import DeployPlan, plan_deploy, write_deploy
 from trtpd.trtllm.environment import BuildEnvironment, detect, require_runnable
 from trtpd.trtllm.execute import Report, Runner, SubprocessRunner, execute_plan
@@ -38,7 +38,7 @@ def prepare(request: BuildRequest, *, tokenizer_dir: str | None = None, triton_p
     """Plans and lints everything in memory; raises ConfigError when the lint finds errors."""
     plan = plan_build(request)
     deploy = plan_deploy(plan, tokenizer_dir=tokenizer_dir, triton_ports=triton_ports, serve_layout=serve_layout,
-                         templates=templates, container=container or choose_container("triton-25.12"))
+                         templates=templates, container=container or CONTAINERS[DEFAULT_CONTAINER])
     configs = preview_repository(deploy, templates)
     findings = lint_plan(plan, deploy, configs)
     if errors(findings):

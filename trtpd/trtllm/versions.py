@@ -2,21 +2,25 @@
 
 Compiled TensorRT engines served by Triton's `tensorrtllm` C++ backend with context/generation
 disaggregation exist up to the TensorRT-LLM 1.2.x line; upstream deleted that path in mid-2026
-(trtllm-1.2.md §0). The Triton backend repository's Dockerfile builds TensorRT-LLM release/1.2.1
-on the Triton 25.12 container with TensorRT 10.14.1.48, so trtpd targets exactly that.
+(trtllm-1.2.md §0). trtpd pins TensorRT-LLM 1.2.1 with TensorRT 10.14.1.48, as NVIDIA ships them in
+`nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3`: triton-inference-server/server
+docs/introduction/compatibility.md, branch r26.04 @dd16c0c, row 26.04 (TensorRT 10.14.1.48, TensorRT-LLM
+1.2.1). The 25.12 Triton image ships TensorRT-LLM 1.1.0 with TensorRT 10.13.3.9 (same table). Every image
+and its evidence: docs/containers.md; the image table: trtllm/containers.py.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
 class StackVersions:
     tensorrt_llm: str = "1.2.1"
-    triton_container: str = "25.12"
+    triton_container: str = "26.04"         # the NGC release of tritonserver:<this>-trtllm-python-py3
     tensorrt: str = "10.14.1.48"
-    # Where the Triton 25.12 trtllm container keeps TensorRT-LLM's examples; both layouts: build/containers.py.
+    # Where the Triton trtllm container keeps TensorRT-LLM's examples; both layouts: trtllm/containers.py.
     trtllm_examples_dir: str = "/app/examples"
     tritonserver_bin: str = "/opt/tritonserver/bin/tritonserver"
 
@@ -27,7 +31,14 @@ class StackVersions:
 PINNED = StackVersions()
 
 
-def is_supported_trtllm(version: str) -> bool:
-    """True for any 1.2.x release (1.2.0, 1.2.1, 1.2.0rc6.post2, ...)."""
-    parts = version.split(".")
-    return len(parts) >= 2 and parts[0] == "1" and parts[1] == "2"
+def is_pinned_trtllm(version: str) -> bool:
+    """Exactly the pinned release: engines are built and served by one TensorRT-LLM (1.2.0 ships in
+    tritonserver:26.03 with the same TensorRT, but a plan built by another release is not the one trtpd checked)."""
+    return version == PINNED.tensorrt_llm
+
+
+def same_tensorrt(installed: str, pinned: str = PINNED.tensorrt) -> bool:
+    """A TensorRT engine deserializes only under the TensorRT that built it: the numbered parts must agree
+    (a `.postN` or `+local` suffix of the Python package is not part of the library version)."""
+    numbers = re.findall(r"\d+", installed.split("+")[0].split(".post")[0])
+    return bool(numbers) and numbers == pinned.split(".")[:len(numbers)] and len(numbers) >= 3

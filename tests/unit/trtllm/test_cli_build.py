@@ -18,18 +18,25 @@ def test_dry_run_prints_commands_and_writes_nothing(tmp_path, capsys):
     assert run("--model", "llama-2-70b", "--prefill-tp", "2", "--decode-tp", "4", "--dry-run",
                "--engines-dir", str(tmp_path / "engines")) == 0
     out = capsys.readouterr().out
-    assert "python3 /app/examples/quantization/quantize.py" in out        # the Triton 25.12 container's layout
+    assert "python3 /app/examples/quantization/quantize.py" in out        # the Triton 26.04 container's layout
     assert out.count("trtllm-build --checkpoint_dir") == 2
     assert "dry run: nothing was written" in out
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("container, examples", [("triton-25.12", "/app/examples"),
+@pytest.mark.parametrize("container, examples", [("triton-26.04", "/app/examples"),
                                                  ("trtllm-1.2.1", "/app/tensorrt_llm/examples")])
 def test_container_picks_the_examples_folder(tmp_path, capsys, container, examples):
     assert run("--model", "llama-3.1-8b", "--kv-dtype", "fp16", "--container", container, "--dry-run",
                "--engines-dir", str(tmp_path)) == 0
     assert f"python3 {examples}/models/core/llama/convert_checkpoint.py" in capsys.readouterr().out
+
+
+def test_a_container_with_another_tensorrt_llm_is_refused_with_the_one_to_use(tmp_path, capsys):
+    assert run("--model", "llama-2-70b", "--container", "triton-25.12", "--dry-run", "--engines-dir", str(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "tritonserver:25.12-trtllm-python-py3 ships TensorRT-LLM 1.1.0" in err
+    assert "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 (--container triton-26.04" in err
 
 
 def test_trtllm_examples_overrides_the_container(tmp_path, capsys):

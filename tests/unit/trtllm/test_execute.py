@@ -114,11 +114,11 @@ def test_missing_tensorrt_llm_points_to_dry_run(request_for, tmp_path):
 
 
 def test_wrong_version_and_missing_gpus_are_refused():
-    with pytest.raises(TrtllmUnavailableError, match="tensorrt_llm 1.3.0 is installed.*pinned to 1.2.x"):
+    with pytest.raises(TrtllmUnavailableError, match="tensorrt_llm 1.3.0 is installed.*pinned to 1.2.1"):
         require_runnable(BuildEnvironment("1.3.0", ["H100"] * 8), 4)
     with pytest.raises(TrtllmUnavailableError, match="needs 4 GPU"):
         require_runnable(BuildEnvironment("1.2.1", ["H100"]), 4)
-    require_runnable(BuildEnvironment("1.2.0rc6.post2", ["H100"] * 4), 4)
+    require_runnable(BuildEnvironment("1.2.1", ["H100"] * 4), 4)        # more cases: test_environment.py
 
 
 def _examples(root: Path) -> str:

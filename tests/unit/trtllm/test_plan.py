@@ -64,7 +64,7 @@ def test_planned_manifest_records_exact_commands(request_for):
     m = plan.decode.manifest
     assert m.status == "planned" and m.backend == "tensorrtllm"
     assert [s.argv for s in m.steps] == [plan.decode.checkpoint_step.argv, plan.decode.build_step.argv]
-    assert m.versions["tensorrt_llm"] == "1.2.1" and m.versions["triton_container"] == "25.12"
+    assert m.versions["tensorrt_llm"] == "1.2.1" and m.versions["triton_container"] == "26.04"
     assert (m.build_config.tp_size, m.build_config.pp_size) == (4, 1)
 
 

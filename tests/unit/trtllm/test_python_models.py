@@ -1,4 +1,4 @@
-"""The GPU repository's python models run in the 25.12 container as it ships: no trtpd installed.
+"""The GPU repository's python models run in the Triton 26.04 trtllm container as it ships: no trtpd installed.
 
 They import trtpd.serving.*, which the deploy folder carries in python/; launch_triton.sh writes a .pth
 into the site-packages of the python3 on PATH (the python-backend stub ignores PYTHONPATH). A fresh

@@ -18,8 +18,8 @@ needs_trtllm = pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is No
 @needs_trtllm
 def test_installed_version_is_the_pinned_line():
     import importlib.metadata
-    from trtpd.trtllm.versions import is_supported_trtllm
-    assert is_supported_trtllm(importlib.metadata.version("tensorrt_llm"))
+    from trtpd.trtllm.versions import is_pinned_trtllm
+    assert is_pinned_trtllm(importlib.metadata.version("tensorrt_llm"))
 
 
 @pytest.mark.trtllm
