@@ -253,7 +253,8 @@ def test_exclude_input_in_output(fp16_disagg):
 def test_min_length_holds_back_end_id(fp16_coloc):
     text, ids = baseline(fp16_coloc)
     _, [short] = fp16_coloc.generate({"text_input": text, "max_tokens": 8, "end_id": ids[1]})
-    assert short["output_ids"] == ids[:2], short
+    # the end id itself is never output (TensorRT-LLM's samplers); HTTP generate gives one id as a scalar
+    assert np.atleast_1d(short["output_ids"]).tolist() == ids[:1], short
     _, [held] = fp16_coloc.generate({"text_input": text, "max_tokens": 8, "end_id": ids[1], "min_length": 5})
     assert len(held["output_ids"]) >= 5 and held["output_ids"][:1] == ids[:1], held
 

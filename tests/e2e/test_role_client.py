@@ -60,3 +60,40 @@ def test_complete_requests_end_their_streams_and_stopped_ones_are_cancelled(fp16
         assert call.done() and await call.code() == grpc.StatusCode.CANCELLED
         await role.close()
     asyncio.run(go())
+
+
+def test_a_role_model_that_declares_only_the_tensorrtllm_outputs_is_served(fp16_root, tmp_path):
+    """TensorRT-LLM's `tensorrt_llm` model declares none of trtpd's perf outputs, and Triton refuses a request for
+    an output its model does not declare. The role client asks only for what the model's metadata lists. Here:
+    the reference colocated model with its config cut down to the tensorrtllm backend's outputs (names from the
+    GPU repository's config, tests/golden/trtllm), in a real tritonserver."""
+    import re
+
+    from trtpd.deploy.spec import ReferenceDeployment, key_file_for
+    from trtpd.fleet.tritonserver import start_server, stop_server, wait_ready
+    from trtpd.perf_outputs import PERF_OUTPUTS
+    from trtpd.repo.reference import render_reference_repository
+
+    repo = render_reference_repository(ReferenceDeployment(fp16_root, mode="colocated"), tmp_path / "repo")
+    config = repo / "colocated" / "config.pbtxt"
+    text = config.read_text()
+    for name in PERF_OUTPUTS:
+        text = re.sub(r'\s*\{ name: "%s"[^}]*\},?' % name, "", text)
+    config.write_text(text)
+    assert not any(f'"{n}"' in text for n in PERF_OUTPUTS) and '"output_ids"' in text
+    server = start_server(repo, tmp_path / "state")
+    try:
+        wait_ready(server, 180)
+
+        async def go():
+            role = RoleClient("colocated-0", server.grpc_url, "colocated", load_or_create_key_file(key_file_for(repo)))
+            try:
+                assert await role.outputs() == ("output_ids", "sequence_length", "context_phase_params")
+                return [c async for c in role.stream("trt-1", "", [1, 2, 3, 4, 5], SamplingInputs(max_new_tokens=3))]
+            finally:
+                await role.close()
+        chunks = asyncio.run(go())
+        assert chunks[-1].final and sum(len(c.token_ids) for c in chunks) == 3
+        assert all(c.perf == {} for c in chunks)          # no perf outputs: none asked for, none read
+    finally:
+        stop_server(server)

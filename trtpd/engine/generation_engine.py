@@ -31,6 +31,7 @@ class Sequence:
     sched: SchedSequence
     output_token_ids: list[int] = field(default_factory=list)
     perf: dict[str, float] = field(default_factory=dict)
+    answered: bool = False        # an output (with its perf) went out for it
 
     @property
     def request_id(self) -> str:
@@ -92,17 +93,23 @@ class GenerationEngine:
             self.num_completed += 1
 
     def _emit_token(self, seq: Sequence, token: int) -> EngineOutput:
-        seq.output_token_ids.append(token)
+        """The sampled `token`, as TensorRT-LLM gives it: its end id finishes the sequence but is neither output
+        nor counted in its length (the samplers' "Do not increase seq len when EOS is generated", e.g.
+        cpp/tensorrt_llm/kernels/samplingTopKKernels.cu; docs/twin.md), so the finishing output carries no token."""
         req = seq.request
+        eos = req.end_id is not None and token == req.end_id
+        if not eos:
+            seq.output_token_ids.append(token)
         reason = None
-        if (req.end_id is not None and token == req.end_id) or req.hits_stop_word(seq.output_token_ids):
+        if eos or req.hits_stop_word(seq.output_token_ids):
             reason = "stop"
         elif len(seq.output_token_ids) >= req.max_new_tokens:
             reason = "length"
-        out = EngineOutput(req.request_id, new_token_ids=[token],
+        out = EngineOutput(req.request_id, new_token_ids=[] if eos else [token],
                            sequence_length=seq.num_prompt_tokens + len(seq.output_token_ids),
                            finished=reason is not None, finish_reason=reason)
-        if len(seq.output_token_ids) == 1:
+        if not seq.answered:
+            seq.answered = True
             out.perf = dict(seq.perf)
         if reason is not None:
             self._finish(seq, reason)

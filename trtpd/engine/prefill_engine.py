@@ -180,9 +180,10 @@ class PrefillEngine:
             return EngineOutput(req.request_id, finished=True, finish_reason="error", error=str(exc),
                                 error_kind="unavailable")
         self.num_completed += 1
-        stop = token == req.end_id or req.hits_stop_word([token])
+        eos = token == req.end_id     # not output, not counted (TensorRT-LLM's samplers; generation_engine.py)
+        stop = eos or req.hits_stop_word([token])
         return EngineOutput(
-            req.request_id, new_token_ids=[token], sequence_length=len(req.prompt_token_ids) + 1,
+            req.request_id, new_token_ids=[] if eos else [token], sequence_length=len(req.prompt_token_ids) + 1 - eos,
             finished=True, finish_reason="stop" if stop else "length" if req.max_new_tokens <= 1 else None,
             context_phase_params=handle, perf={"prefill_queue_s": started - req.arrival_s, **perf},
             generation_logits=logits_rows(result) if req.return_generation_logits else None)

@@ -527,7 +527,9 @@ class _Generation:
                 if self.detok.stopped or self.finish_reason == "stop":
                     break
             yield self.detok.finish()
-            if self.detok.stopped:
+            # a stream that ends short of max_tokens stopped at the end id: TensorRT-LLM never outputs it (its
+            # samplers finish the sequence without it; docs/twin.md), so its absence, not the token, says "stop"
+            if self.detok.stopped or self.num_tokens < self.sampling.max_new_tokens:
                 self.finish_reason = "stop"
             self.served.succeeded()
         finally:

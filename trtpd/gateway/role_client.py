@@ -62,6 +62,21 @@ class RoleClient:
         self.model = model
         self.key = key
         self.client = grpcaio.InferenceServerClient(url)
+        self._outputs: tuple[str, ...] | None = None
+
+    async def outputs(self) -> tuple[str, ...]:
+        """The outputs of OUTPUTS the role model declares, from its model metadata (read once): trtpd's reference
+        role models declare the perf outputs, TensorRT-LLM's `tensorrt_llm` model does not, and Triton refuses a
+        request for an output its model does not declare."""
+        if self._outputs is None:
+            try:
+                meta = await self.client.get_model_metadata(self.model, as_json=True)
+            except InferenceServerException as exc:
+                raise RoleError(f"instance {self.name}: no metadata for model {self.model}: {exc.message()}",
+                                "unavailable", self.name, transport=True) from None
+            declared = {o["name"] for o in meta.get("outputs", [])}
+            self._outputs = tuple(n for n in OUTPUTS if n in declared)
+        return self._outputs
 
     async def close(self) -> None:
         await self.client.close()
@@ -79,12 +94,13 @@ class RoleClient:
             params["request_type"] = request_type
         if request_type == "context_only" and layerwise:
             params["layerwise_kv_transfer"] = True
+        outputs = await self.outputs()
         done = asyncio.Event()
 
         async def requests():
             yield {"model_name": self.model, "inputs": _infer_inputs(tensors), "request_id": request_id,
                    "parameters": params, "enable_empty_final_response": True,
-                   "outputs": [grpcaio.InferRequestedOutput(n) for n in OUTPUTS]}
+                   "outputs": [grpcaio.InferRequestedOutput(n) for n in outputs]}
             await done.wait()    # keep the stream open until the final response came
 
         responses = self.client.stream_infer(inputs_iterator=requests())

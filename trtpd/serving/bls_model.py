@@ -92,13 +92,14 @@ class _Job:
             self.logits.append(outputs["generation_logits"])
 
     def ended_by_engine(self) -> bool:
-        """Its last token ends it in the engine too (the length, the end id), not only here (a stop word)."""
-        return len(self.tokens) >= self.max_tokens or (self.end_id is not None and bool(self.tokens)
-                                                       and self.tokens[-1] == self.end_id)
+        """Its last token ends it in the engine too (its length), not only here (a stop word)."""
+        return len(self.tokens) >= self.max_tokens
 
     def is_last(self, token: int) -> bool:
-        return (len(self.tokens) >= self.max_tokens or (self.end_id is not None and token == self.end_id)
-                or any(ends_with(self.tokens, w) for w in self.stop_words))   # as the engine decides
+        """Whether `token` (just appended) ends the request here. Not the end id: TensorRT-LLM never outputs it
+        (its samplers finish the sequence without it), so a request that stops at its end id is one whose
+        stream ends (complete()), as does every stream; the length and stop words are seen in the tokens."""
+        return len(self.tokens) >= self.max_tokens or any(ends_with(self.tokens, w) for w in self.stop_words)
 
     def send_tokens(self, new: list[int]) -> None:
         """Streams (or collects) tokens; sends FINAL with the last one."""
@@ -113,6 +114,14 @@ class _Job:
                 elif last:
                     self._send(self.tokens, final=True)
                 self.finished = last
+
+    def complete(self) -> None:
+        """The role model's stream ended (its final response) before a token ended the request here: it stopped
+        at its end id. Streaming: an empty final response; otherwise every token in one."""
+        with self.lock:
+            if not self.finished:
+                self.finished = True
+                self._send([] if self.streaming else self.tokens, final=True)
 
     def cancelled(self) -> bool:
         """The client went away (never asked after FINAL: tritonserver would touch a freed response factory)."""
@@ -223,8 +232,7 @@ class DisaggBls:
                 self._through_fleet(job, slot)
             else:
                 self._orchestrated(job, slot)
-            if not job.finished:
-                job.fail("the engine ended the request without its final token", "internal")
+            job.complete()   # the stream ended: what it gave is the answer (the end id is never a token)
         except Overloaded as exc:
             job.fail(str(exc), "unavailable")
         except BlsError as exc:

@@ -226,8 +226,8 @@ def _words(get: GetInput, name: str, tokenizer, who: str) -> np.ndarray:
     return out
 
 
-def _token_id(get: GetInput, name: str, vocab_size: int, who: str) -> int:
-    value = _int(get, name, -1)
+def _token_id(get: GetInput, name: str, vocab_size: int, who: str, default: int = -1) -> int:
+    value = _int(get, name, default)
     if not -1 <= value < vocab_size:
         raise RequestError(f"{who}: {name} must be a token id in [0, {vocab_size}) or -1 (none), got {value}")
     return value
@@ -256,7 +256,10 @@ def parse_entry(get: GetInput, tokenizer, who: str) -> dict[str, np.ndarray]:
         raise RequestError(f"{who}: min_length must be >= 0, got {min_length}")
     _token_id(get, "pad_id", vocab, who)
     one = lambda v, dt: np.array([[v]], dtype=dt)   # noqa: E731
-    return {"end_id": one(_token_id(get, "end_id", vocab, who), np.int32),
+    # no end_id from the client: the tokenizer's EOS, as upstream's preprocessing fills it in (END_ID absent ->
+    # self.tokenizer_end_id, triton_backend/all_models/inflight_batcher_llm/preprocessing/1/model.py); -1 is
+    # the client saying "no end id" (TensorRT-LLM then stops only at the length or a stop word)
+    return {"end_id": one(_token_id(get, "end_id", vocab, who, default=tokenizer.eos_id), np.int32),
             "temperature": one(temperature, np.float32), "runtime_top_k": one(top_k, np.int32),
             "runtime_top_p": one(top_p, np.float32), "seed": one(seed, np.uint64),
             "min_tokens": one(min_length, np.int32),

@@ -146,21 +146,23 @@ class RoleModel:
         if active.streaming:
             if out.new_token_ids or out.context_phase_params or out.finished:
                 logits = [] if out.generation_logits is None else [out.generation_logits]
-                active.sender.send(self._response(out.new_token_ids, out.sequence_length,
-                                                  out.context_phase_params, out.perf, logits),
+                active.sender.send(self._response(out.new_token_ids, out.context_phase_params, out.perf, logits),
                                    flags=FINAL if out.finished else 0)
             return
         active.tokens.extend(out.new_token_ids)
         if out.generation_logits is not None:
             active.logits.append(out.generation_logits)
         if out.finished:
-            active.sender.send(self._response(active.tokens, out.sequence_length, active.handle, active.perf,
-                                              active.logits), flags=FINAL)
+            active.sender.send(self._response(active.tokens, active.handle, active.perf, active.logits),
+                               flags=FINAL)
 
-    def _response(self, tokens: list[int], sequence_length: int, handle: bytes | None, perf: dict,
-                  logits: list[np.ndarray]):
+    def _response(self, tokens: list[int], handle: bytes | None, perf: dict, logits: list[np.ndarray]):
+        """As the tensorrtllm backend fills a response (fillTritonResponse, triton_backend/inflight_batcher_llm/src/
+        model_instance_state.cc): output_ids [1, 1, n] holds this response's tokens (streaming: the new ones, which
+        may be none, on the final response after the end id) and sequence_length [1, 1] their number n (the
+        output excludes the prompt, as with exclude_input_in_output)."""
         tensors = [tensor("output_ids", np.array([[tokens]], dtype=np.int32).reshape(1, 1, len(tokens))),
-                   tensor("sequence_length", np.array([[sequence_length]], dtype=np.int32))]
+                   tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32))]
         if handle:
             tensors.append(tensor("context_phase_params", np.frombuffer(handle, dtype=np.uint8).reshape(1, -1)))
         tensors += perf_tensors(perf)

@@ -18,7 +18,8 @@ from trtpd.gateway.service import FleetService
 
 
 class ScriptedOrchestrator:
-    """Yields the tokens of `text` one by one (then EOS), or fails as told."""
+    """Yields the tokens of `text` one by one, or fails as told; a text shorter than max_tokens ends the stream
+    early without a token, as TensorRT-LLM ends a sequence at its end id (it never outputs the end id)."""
 
     def __init__(self, tokenizer, text: str, fail: OrchestratorError | None = None, hold: asyncio.Event | None = None):
         self.ids = tokenizer.encode(text, add_bos=False)
@@ -34,8 +35,6 @@ class ScriptedOrchestrator:
             raise self.fail
         for i, token in enumerate(self.ids[:sampling.max_new_tokens]):
             yield Generated([token], {"prefill_queue_s": 0.001} if i == 0 else {})
-        if len(self.ids) < sampling.max_new_tokens:
-            yield Generated([sampling.end_id])
 
 
 class ScriptedService(FleetService):
@@ -85,7 +84,7 @@ def test_completion_whole_with_usage_and_stop_at_eos(folder, tmp_path):
     assert body["choices"][0]["finish_reason"] == "stop"
     tok = Tokenizer.load(folder / "tokenizer.json")
     n, p = len(tok.encode("Hello world, hello there", add_bos=False)), len(tok.encode("Hi"))
-    assert body["usage"] == {"prompt_tokens": p, "completion_tokens": n + 1, "total_tokens": p + n + 1}   # + EOS
+    assert body["usage"] == {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}   # no EOS token
     prompt_ids, sampling = svc.orchestrator.calls[0]
     assert prompt_ids == tok.encode("Hi") and sampling.temperature == 0 and sampling.max_new_tokens == 40
 

@@ -109,6 +109,7 @@ def test_stop_and_bad_words_in_the_request():
 
 class Tok:
     vocab_size = 512
+    eos_id = 2
 
     def encode(self, text, add_bos=True):
         return [ord(c) % 512 for c in text]
@@ -134,7 +135,10 @@ def test_the_ensemble_entry_names_the_client_field(tensors, message):
 def test_the_ensemble_entry_fills_in_defaults_and_encodes_words():
     out = parse_entry(getter(stop_words=np.array([b"ab", b"c"], dtype=np.object_),
                              beam_width=np.array([[1]], dtype=np.int32)), Tok(), "request x")
-    assert out["end_id"].item() == -1 and out["runtime_top_p"].item() == 1.0 and out["seed"].item() == 0
+    # no end_id sent: the tokenizer's EOS (upstream's preprocessing); -1 only when the client says so
+    assert out["end_id"].item() == Tok.eos_id and out["runtime_top_p"].item() == 1.0 and out["seed"].item() == 0
+    explicit = parse_entry(getter(end_id=np.array([[-1]], dtype=np.int32)), Tok(), "request x")
+    assert explicit["end_id"].item() == -1
     assert parse_word_list(out["stop_words_list"], "s") == [[97, 98], [99]]
     assert parse_word_list(out["bad_words_list"], "b") == []
 
