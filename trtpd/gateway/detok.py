@@ -1,22 +1,25 @@
 """Incremental detokenization for streaming: each chunk is the new *stable* text.
 
-Text comes from the tokenizer's incremental decoder (`Tokenizer.decode_stream`), so a SentencePiece piece
-keeps its leading space ("▁the" after "Hello" streams " the", where decoding it alone gives "the"), and a
-character split across byte-fallback tokens is held until its last byte arrives. A tail
-that could still grow into a stop string is held back too (OpenAI semantics: the stop string ends the text
-and is not part of it). At the end the rest is flushed (bytes that never formed a character as U+FFFD, as
-the whole decode shows them), so the streamed chunks always concatenate to the full completion's text.
+Text comes from trtpd/detokenize.py's rule, the one Triton's postprocessing model applies too: each step's
+tokens are decoded after the tokens before them, so a SentencePiece piece keeps its leading space ("▁the" after
+"Hello" streams " the", where decoding it alone gives "the"), and a character split across byte-fallback tokens
+is held until its last byte arrives. A tail that could still grow into a stop string is held back too (OpenAI
+semantics: the stop string ends the text and is not part of it). At the end the rest is flushed (bytes that
+never formed a character as U+FFFD, as the whole decode shows them), so the streamed chunks always concatenate
+to the full completion's text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trtpd.detokenize import text_delta
+
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer
-        self.stream = tokenizer.decode_stream()
+        self.token_ids: list[int] = []   # the completion's tokens so far
         self.stop = [s for s in stop if s]
         self.decoded = ""            # text decoded so far (stable characters only)
         self.emitted = ""            # text sent so far
@@ -26,14 +29,16 @@ class IncrementalDetokenizer:
         """The text that became stable with these tokens ("" when it is held back)."""
         if self.stopped:
             return ""
-        self.decoded += "".join(self.stream.step(t) for t in token_ids)
+        self.decoded += text_delta(self.tokenizer, self.token_ids, token_ids, is_final=False)
+        self.token_ids += token_ids
         return self._release(self.decoded, final=False)
 
     def finish(self) -> str:
         """Whatever is still held back, at the end of the completion."""
         if self.stopped:
             return ""
-        self.decoded += self.stream.flush()   # bytes of a character that never completed: U+FFFD, as decode gives
+        # bytes of a character that never completed come out as U+FFFD, as the whole decode shows them
+        self.decoded += text_delta(self.tokenizer, self.token_ids, [], is_final=True)
         return self._release(self.decoded, final=True)
 
     @property

@@ -1,5 +1,5 @@
 """Triton python models `preprocessing` (text -> input_ids, validated) and `postprocessing`
-(output_ids -> text_output).
+(output_ids -> text_output, streamed chunk by chunk after the tokens before each: trtpd/detokenize.py).
 
 Preprocessing is the ensemble's edge: it refuses request parameters (HTTP generate's unknown JSON keys),
 validates every sampling field under the name the client used, and emits the role-model tensors
@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtpd.detokenize import text_delta
 from trtpd.engine.request import RequestError
 from trtpd.serving.pb import error_response, input_getter, model_parameters, request_label, tensor
 from trtpd.serving.request_parsing import parse_entry, parse_parameters, refuse_parameters
@@ -92,7 +93,17 @@ class Postprocessing:
         return [self._one(r) for r in requests]
 
     def _one(self, request):
-        ids = input_getter(request)("output_ids")
-        tokens = [] if ids is None else [int(t) for t in ids.reshape(-1)]
-        text = self.tokenizer.decode(tokens).encode("utf-8")
-        return pb_utils.InferenceResponse(output_tensors=[tensor("text_output", np.array([[text]], dtype=np.object_))])
+        """One response's text. Streaming, the ensemble calls this once per response of the entry model, which
+        sends the completion's tokens before this response (prefix_ids) and whether it is the last (is_final):
+        the text is what output_ids add after prefix_ids (trtpd/detokenize.py). Without them (a whole response,
+        or an entry model that does not send them), output_ids are decoded on their own."""
+        get = input_getter(request)
+        new, prefix, is_final = get("output_ids"), get("prefix_ids"), get("is_final")
+        text = text_delta(self.tokenizer, _ids(prefix), _ids(new),
+                          is_final=True if is_final is None else bool(is_final.reshape(-1)[0]))
+        return pb_utils.InferenceResponse(output_tensors=[
+            tensor("text_output", np.array([[text.encode("utf-8")]], dtype=np.object_))])
+
+
+def _ids(value) -> list[int]:
+    return [] if value is None else value.reshape(-1).tolist()   # Python ints, at C speed (a prefix grows)

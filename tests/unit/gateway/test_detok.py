@@ -90,3 +90,27 @@ def test_a_byte_level_bpe_tokenizer_streams_through_the_window_decoder(tmp_path)
     det = IncrementalDetokenizer(tok)
     chunks = stream(det, ids)
     assert "".join(chunks) == text == tok.decode(ids) and not any("\ufffd" in c for c in chunks)
+
+
+def test_a_unigram_sentencepiece_tokenizer_keeps_its_spaces(tmp_path):
+    """A SentencePiece-style Unigram ("▁" pieces, Metaspace decoder), decoded by the library's own decoder."""
+    from tests.unit.test_detokenize import TEXT, unigram_metaspace
+
+    sp = unigram_metaspace(tmp_path)
+    ids = sp.encode(TEXT, add_bos=False)
+    assert "".join(sp.decode([i]) for i in ids) != TEXT
+    chunks = stream(IncrementalDetokenizer(sp), ids)
+    assert "".join(chunks) == TEXT == sp.decode(ids) and any(c.startswith(" ") for c in chunks)
+
+
+@pytest.mark.parametrize("step", [1, 2, 5])
+def test_the_gateway_streams_what_the_stateless_rule_gives_each_chunk(tok, step):
+    """One rule for both faces (trtpd/detokenize.py): the gateway's chunks, stop strings aside, are the texts
+    Triton's postprocessing makes from each chunk and the tokens before it, keeping nothing between calls."""
+    from trtpd.detokenize import text_delta
+
+    ids = tok.encode("Streamed: naïve café — 日本語 🚀, then the decode server's 42 blocks.", add_bos=False)
+    cuts = list(range(0, len(ids), step))
+    stateless = [text_delta(tok, ids[:at], ids[at:at + step], is_final=False) for at in cuts]
+    stateless.append(text_delta(tok, ids, [], is_final=True))
+    assert stream(IncrementalDetokenizer(tok), ids, step) == stateless
