@@ -68,12 +68,15 @@ def test_http_generate(fp16_disagg, prompts, colocated_grpc, tokenizer):
         assert body["kv_transfer_bytes"] == get_model("tiny-llama").kv_bytes_per_request(num_tokens, "fp16")
 
 
-def test_http_generate_stream(fp16_disagg, prompts, colocated_grpc):
+def test_http_generate_stream(fp16_disagg, prompts, colocated_grpc, tokenizer):
     for rid in ("len2", "len257", "len1500"):
         status, events = fp16_disagg.generate({"text_input": prompts[rid], "max_tokens": MAX_TOKENS,
                                                "end_id": -1, "stream": True}, stream=True)
         assert status == 200
         assert [e["output_ids"] for e in events] == colocated_grpc[rid]
+        # the streamed text joins up to the whole text: each "▁" piece keeps its space (postprocessing decodes
+        # each chunk with the tokens before it, trtpd/detokenize.py; alone, decode([piece]) drops the space)
+        assert "".join(e["text_output"] for e in events) == tokenizer.decode(colocated_grpc[rid]), rid
 
 
 def test_http_generate_on_colocated_matches_its_grpc(fp16_coloc, prompts, colocated_grpc):

@@ -4,7 +4,7 @@ Llama-2's own tokenizer.json (a SentencePiece BPE converted by transformers) is 
 "▁" for a space (a Metaspace pre-tokenizer, "▁" prepended to the text), byte fallback for characters outside
 the learned alphabet (tokens <0x00>..<0xFF>), <s> prepended by the post-processor, and the decoder
 Replace("▁", " ") + ByteFallback + Fuse + Strip(one leading space). So `decode([id of "▁the"])` is "the",
-without its space, exactly as Llama's is: streamed text must be detokenized incrementally (decode_stream).
+without its space, exactly as Llama's is: streamed text must be detokenized incrementally (trtpd/detokenize.py).
 
 Ids: 0 <unk>, 1 <s> (BOS), 2 </s> (EOS), 3..258 the byte tokens, then the learned pieces in the order BPE
 training added them, then reserved special tokens that pad the vocabulary to the model's size (they decode
@@ -17,7 +17,6 @@ replaces, which was quadratic in the length of a word.
 
 from __future__ import annotations
 
-import codecs
 import json
 from pathlib import Path
 
@@ -30,7 +29,6 @@ NUM_SPECIAL = 3
 BYTE_BASE = NUM_SPECIAL
 NUM_BYTES = 256
 SPACE = "\u2581"   # "▁", SentencePiece's visible space
-REPLACEMENT = "\ufffd"
 CONFIG_FILE = "tokenizer_config.json"
 
 
@@ -152,69 +150,8 @@ class Tokenizer:
         text = b"".join(self.piece_bytes[i] for i in ids).decode("utf-8", "replace")
         return text[1:] if text.startswith(" ") else text
 
-    def decode_stream(self) -> "ByteTokenStream | WindowTokenStream":
-        """An incremental decoder: step(token) gives the token's new text ("" while a character's bytes are
-        incomplete), flush() what is left at the end."""
-        return ByteTokenStream(self) if self.piece_bytes is not None else WindowTokenStream(self)
-
     def token_text(self, token_id: int) -> str | None:
         return self.tok.id_to_token(token_id)
-
-
-class ByteTokenStream:
-    """Incremental decoding for tokenizers in Llama's scheme, exact: each token's bytes go through Python's
-    incremental UTF-8 decoder, so the streamed pieces always concatenate to `decode` of all the tokens (a
-    character split across byte tokens appears once its last byte arrives; bytes that never form one become
-    U+FFFD, as in the whole decode). O(1) per token."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.table = tokenizer.piece_bytes
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.started = False
-
-    def step(self, token_id: int) -> str:
-        if not 0 <= token_id < len(self.table):
-            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{len(self.table) - 1})")
-        return self._lead(self.decoder.decode(self.table[token_id]))
-
-    def flush(self) -> str:
-        return self._lead(self.decoder.decode(b"", final=True))
-
-    def _lead(self, text: str) -> str:
-        """SentencePiece's dummy prefix: one leading space of the whole text is dropped (the decoder's Strip)."""
-        if text and not self.started:
-            self.started = True
-            return text[1:] if text.startswith(" ") else text
-        return text
-
-
-class WindowTokenStream:
-    """Incremental decoding for any other tokenizer (byte-level BPE and the like) over a sliding window, the
-    prefix-offset scheme of vLLM and TGI: the tokens since the last emitted piece are decoded with the piece
-    before them as context, and the difference is the new text; a window ending in U+FFFD (a character whose
-    bytes have not all arrived) waits. (tokenizers' own DecodeStream does the same but raises on byte runs
-    that never form a character, which a sampled model emits.)"""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix_offset = 0      # the window's first token (context, already emitted)
-        self.read_offset = 0        # the first token not yet emitted
-
-    def step(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
-        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
-        if len(text) <= len(prefix) or text.endswith(REPLACEMENT):
-            return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return text[len(prefix):]
-
-    def flush(self) -> str:
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
-        text = self.tokenizer.decode(self.ids[self.prefix_offset:])
-        self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix):] if text.startswith(prefix) else ""
 
 
 def _piece_bytes(tok: HfTokenizer) -> list[bytes] | None:

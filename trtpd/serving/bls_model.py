@@ -134,6 +134,11 @@ class _Job:
     def _send(self, tokens: list[int], final: bool) -> None:
         tensors = [tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, len(tokens))),
                    tensor("sequence_length", np.array([[self.prompt_len + len(self.tokens)]], dtype=np.int32))]
+        if self.streaming:   # what postprocessing needs to detokenize this chunk alone (trtpd/detokenize.py)
+            prefix = self.tokens[:len(self.tokens) - len(tokens)]
+            if prefix:
+                tensors.append(tensor("prefix_ids", np.array(prefix, dtype=np.int32).reshape(1, len(prefix))))
+            tensors.append(tensor("is_final", np.array([[final]], dtype=np.bool_)))
         if final:
             tensors += [tensor(n, v) for n, v in self.perf.items()]
             if self.logits:
