@@ -22,6 +22,7 @@ RULES: dict[str, str] = {
     "transceiver-backend": "trtllm-serve cache_transceiver_config.backend is set (UCX, NIXL, ...)",
     "transfer-buffer": "cache_transceiver_config.max_tokens_in_buffer holds the longest prompt",
     "transfer-timeout": "cache_transceiver_config.kv_transfer_timeout_ms is set and finite",
+    "transfer-timeout-scope": "kv_transfer_timeout_ms is enforced only by trtllm-serve's PyTorch backend in 1.2.1",
     "context-kv-reuse": "KV reuse is off on the context (prefill) side",
     "router-instances": "router num_instances equals the number of urls",
     "mpi-world": "MPI world size = context TP*PP + generation TP*PP + 1, ranks 1..N-1 all used",
@@ -34,7 +35,8 @@ RULES: dict[str, str] = {
     "decode-num-tokens": "decode max_num_tokens holds the longest prompt, or chunked context is on",
     "multiple-profiles": "FP8 engines built with the GEMM plugin disabled use --multiple_profiles enable",
     "ucx-env": "the trtllm-serve launch sets the UCX variables upstream recommends",
-    "mpi-transfer-limits": "the Triton MPI path has no KV-transfer timeout or buffer setting (what to do instead)",
+    "mpi-transfer-limits": "the Triton MPI path has no KV-transfer timeout or transport setting; its buffer is an "
+                           "environment variable (what to do instead)",
 }
 
 

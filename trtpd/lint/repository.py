@@ -67,17 +67,20 @@ def _manifest_at(engine_dir: str) -> EngineManifest | None:
 
 
 def mpi_transfer_note(models: list[str]) -> Finding:
-    """What 1.2.1's Triton path cannot do, and what an operator does instead (trtllm-1.2.md §6)."""
+    """What 1.2.1's Triton path cannot do, and what an operator does instead (trtllm-1.2.md §6; the sources of the
+    timeout's scope and of the buffer variable are in trtpd/lint/serve_configs.py and trtpd/trtllm/transfer_buffer.py)."""
     return Finding(
         "mpi-transfer-limits", "info", ", ".join(models),
         "the tensorrtllm backend of TensorRT-LLM 1.2.1 hard-codes CacheTransceiverConfig(BackendType::MPI) "
-        "(model_instance_state.cc getExecutorConfigFromParams): there is no KV-transfer timeout, buffer size or "
-        "transport setting, so a transfer to a stuck peer waits without bound and holds its KV blocks",
+        "(model_instance_state.cc getExecutorConfigFromParams): there is no KV-transfer timeout or transport "
+        "setting, so a transfer to a stuck peer waits without bound and holds its KV blocks; the staging buffer "
+        "is sized by the environment variable TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE (default 512MB, read on every "
+        "transport; launch_triton.sh sets it to the longest prompt's KV per rank)",
         "when a rank dies, OpenMPI's mpirun terminates the whole world, so restart launch_triton.sh (all ranks, "
         "no single instance can rejoin); when a rank hangs instead, nothing frees the requests: give clients a "
-        "deadline, watch nv_trt_llm_disaggregated_serving_metrics and nv_trt_llm_request_metrics{request_type="
-        "\"waiting\"}, and kill and restart the world; for a finite kv_transfer_timeout_ms use the trtllm-serve "
-        "path (deploy/trtllm-serve)")
+        "deadline, watch nv_trt_llm_request_metrics{request_type=\"waiting\"} and the KV block metrics, and kill "
+        "and restart the world; no compiled-engine path of 1.2.1 enforces kv_transfer_timeout_ms (trtllm-serve "
+        "--backend tensorrt does not either; only its PyTorch backend does)")
 
 
 def _longest_prompt(parsed, manifests, context: str) -> int | None:

@@ -42,8 +42,9 @@ def lint_role_options(role: str, options: Mapping, *, max_prompt_tokens: int, so
     timeout = ctc.get("kv_transfer_timeout_ms")
     if timeout is None or int(timeout) <= 0:
         findings.append(Finding("transfer-timeout", "error", f"{source}: cache_transceiver_config.kv_transfer_timeout_ms",
-                                f"{'unset' if timeout is None else timeout}: a lost peer leaves the request (and its "
-                                f"KV blocks) stuck forever", "set a finite kv_transfer_timeout_ms, e.g. 60000"))
+                                f"{'unset' if timeout is None else timeout}: where it is enforced (the PyTorch "
+                                f"backend's executor; see transfer-timeout-scope) a lost peer then leaves the request "
+                                f"(and its KV blocks) stuck forever", "set a finite kv_transfer_timeout_ms, e.g. 60000"))
     if role == "prefill" and _section(options, "kv_cache_config").get("enable_block_reuse", True) is not False:
         findings.append(Finding("context-kv-reuse", "error", f"{source}: kv_cache_config.enable_block_reuse",
                                 "KV reuse is on (the default) on the context side; a block can be evicted before it "
@@ -66,13 +67,32 @@ def lint_decode_num_tokens(options: Mapping, *, max_num_tokens: int, max_prompt_
 
 
 def lint_serve_launch(script: str, *, source: str) -> list[Finding]:
-    """The UCX variables upstream recommends for the KV transceiver (sources: trtpd/trtllm/serve_config.py UCX_ENV)."""
+    """The UCX variables upstream recommends for the KV transceiver (sources: trtpd/trtllm/serve_config.py UCX_ENV),
+    and what kv_transfer_timeout_ms does not do for servers of compiled engines."""
     wanted = {"UCX_MEMTYPE_CACHE": "n (TensorRT-LLM disaggregated-service doc, #2518)",
               "UCX_CUDA_IPC_ENABLE_MNNVL": "n, or y on a multi-node NVLink domain (kv_cache_transceiver.py's UCX advice)"}
-    return [Finding("ucx-env", "warning", f"{source}: {name}",
-                    f"the launch does not set {name}; without it UCX transfers can hang or fail across NVLink domains",
-                    f"export {name}={value} before starting the servers")
-            for name, value in wanted.items() if not re.search(rf"(^|\s)(export\s+)?{name}=", script, re.M)]
+    findings = [Finding("ucx-env", "warning", f"{source}: {name}",
+                        f"the launch does not set {name}; without it UCX transfers can hang or fail across NVLink domains",
+                        f"export {name}={value} before starting the servers")
+                for name, value in wanted.items() if not re.search(rf"(^|\s)(export\s+)?{name}=", script, re.M)]
+    if re.search(r"trtllm-serve\s.*--backend[\s=]+tensorrt\b", script):
+        findings.append(timeout_scope_note(source))
+    return findings
+
+
+def timeout_scope_note(source: str) -> Finding:
+    """In 1.2.1 only the PyTorch executor enforces kv_transfer_timeout_ms: tensorrt_llm/_torch/pyexecutor/
+    py_executor.py _check_kv_transfer_timeout (added by NVIDIA/TensorRT-LLM PR #6801). The C++ CacheTransceiver
+    that --backend tensorrt runs (cpp/tensorrt_llm/batch_manager/cacheTransceiver.cpp of the 1.2 line) never reads
+    it: checkContextTransferStatus/checkGenTransferStatus wait on the transfer futures with no deadline. Deadline
+    code reached the C++ transceiver after 1.2.1 (PR #12476 closed unmerged; PR #14768, 2026-05-30, observe-only)."""
+    return Finding(
+        "transfer-timeout-scope", "info", f"{source}: --backend tensorrt",
+        "kv_transfer_timeout_ms is enforced by the PyTorch backend's executor only (py_executor.py "
+        "_check_kv_transfer_timeout); TensorRT-LLM 1.2.1's C++ cache transceiver, which serves compiled engines, "
+        "does not read it, so a transfer to a lost peer holds its request and KV blocks until the server restarts",
+        "give clients a deadline, watch the servers' in-flight requests and KV usage, and restart a server whose "
+        "transfers stop; do not size drains or preStop hooks from kv_transfer_timeout_ms for these servers")
 
 
 def lint_router(router: Mapping, *, source: str) -> list[Finding]:

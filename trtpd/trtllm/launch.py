@@ -18,6 +18,7 @@ from trtpd.trtllm.containers import CONTAINERS, DEFAULT_CONTAINER
 from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.options import check_args, check_keys, require_valid
 from trtpd.trtllm.plan import BuildPlan
+from trtpd.trtllm.transfer_buffer import transfer_buffer_env
 from trtpd.trtllm.versions import PINNED
 
 ORCHESTRATOR_ENV = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "0"}
@@ -48,10 +49,11 @@ def rank_args(rank: int, repo: Path, ports: TritonPorts, role_models: list[str])
     return args
 
 
-def mpirun_lines(world: RankLayout, repo: Path, ports: TritonPorts, role_models: list[str]) -> list[str]:
-    head = [("--allow-run-as-root", None)] + [("-x", name) for name in ORCHESTRATOR_ENV]
+def mpirun_lines(world: RankLayout, repo: Path, ports: TritonPorts, role_models: list[str],
+                 env: dict[str, str]) -> list[str]:
+    head = [("--allow-run-as-root", None)] + [("-x", name) for name in env]
     require_valid(check_args("mpirun", head + [("-n", "1")]), "mpirun command")
-    require_valid(check_keys("env", ORCHESTRATOR_ENV), "launch environment")
+    require_valid(check_keys("env", env), "launch environment")
     lines = ["mpirun " + " ".join(f if v is None else f"{f} {v}" for f, v in head)]
     for rank in range(world.world_size):
         args = " ".join(f if v is None else f"{f}={shlex.quote(v)}" for f, v in rank_args(rank, repo, ports, role_models))
@@ -117,8 +119,10 @@ def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: 
     r = plan.request
     terms = " + ".join(f"{s.instances} x {s.role} TP{s.tp_size}*PP{s.pp_size}" for s in r.roles)
     role_models = [s.role for s in r.roles]
-    body = " \\\n    ".join(mpirun_lines(world, repo, ports, role_models))
-    exports = "\n".join(f"export {k}={v}" for k, v in ORCHESTRATOR_ENV.items())
+    buffer = transfer_buffer_env(plan)
+    body = " \\\n    ".join(mpirun_lines(world, repo, ports, role_models, {**ORCHESTRATOR_ENV, **buffer}))
+    exports = "\n".join([f"export {k}={v}" for k, v in ORCHESTRATOR_ENV.items()]
+                        + [f"export {k}={v}" for k, v in buffer.items()])
     return "\n".join([
         "#!/usr/bin/env bash",
         f"# Disaggregated Triton deployment of {r.model.name}: one MPI world of {world.world_size} ranks.",
@@ -130,9 +134,12 @@ def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: 
         "# executor shares this world and OpenMPI must be CUDA-aware and built with UCX.",
         "# Worker ranks get rank 0's ports, as launch_triton_server.py does: they stay in the executor",
         "# worker loop while loading their models and never open endpoints.",
-        "# TensorRT-LLM 1.2.1 has no KV-transfer timeout or buffer setting on this path (the backend hard-codes",
-        "# the MPI transceiver): if a rank dies, mpirun ends the whole world, so rerun this script; if one hangs,",
-        "# kill and rerun it. Use deploy/trtllm-serve for a finite kv_transfer_timeout_ms (trtpd lint explains).",
+        "# TensorRT-LLM 1.2.1 has no KV-transfer timeout or transport setting on this path (the backend hard-codes",
+        "# CacheTransceiverConfig(MPI)): if a rank dies, mpirun ends the whole world, so rerun this script; if one",
+        "# hangs, kill and rerun it. No compiled-engine path of 1.2.1 enforces kv_transfer_timeout_ms (trtllm-serve",
+        "# --backend tensorrt does not either; trtpd lint explains). The KV staging buffer is sized by",
+        "# TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE (default 512MB, every transport): set below to the longest prompt's",
+        "# KV plus one block on one rank of the role holding the most (trtpd/trtllm/transfer_buffer.py).",
         "set -euo pipefail",
         *tritonserver_guard_lines(),
         exports,

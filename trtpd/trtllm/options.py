@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from trtpd.trtllm.options_table import TrtllmOption, options_for
@@ -27,6 +28,10 @@ def check_value(option: TrtllmOption, value: object) -> str | None:
             return f"{where} must be an {option.type}, got {text!r}"
         if option.min_value is not None and number < option.min_value:
             return f"{where} must be >= {option.min_value:g}, got {text}"
+        return None
+    if option.type == "memsize":     # TensorRT-LLM's parseMemorySize (envUtils.cpp): a number, then a unit
+        if re.fullmatch(r"\d+(\.\d+)?(b|kb|mb|gb|tb)", text.strip().lower()) is None:
+            return f"{where} must be a size such as 512MB (b, kb, mb, gb, tb); got {text!r}"
         return None
     if option.empty_ok and text == "":
         return None

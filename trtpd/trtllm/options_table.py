@@ -3,7 +3,8 @@
 Every command, config.pbtxt parameter and YAML key that trtpd writes is checked against this table
 (`trtpd.trtllm.options`). Sources are sections of ../shared/reference/trtllm-1.2.md followed by the
 upstream file that section cites. A flag that is not here, or is here as deprecated, cannot be emitted.
-Types: int, float, bool ("true"/"false"), switch ("enable"/"disable"), flag (no value), enum, str, path.
+Types: int, float, bool ("true"/"false"), switch ("enable"/"disable"), flag (no value), enum, str, path,
+memsize (a number and b/kb/mb/gb/tb, as TensorRT-LLM's parseMemorySize reads it).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ _GUIDED = ("trtllm-1.2.md §6; TensorRT-LLM triton_backend/inflight_batcher_llm/
 _UCX = ("trtllm-1.2.md §5-6; TensorRT-LLM docs/source/advanced/disaggregated-service.md@295c31f (UCX_MEMTYPE_CACHE=n, "
         "#2518) and tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py create_kv_cache_transceiver (UCX log "
         "line: devices not in one NVLink domain -> UCX_CUDA_IPC_ENABLE_MNNVL=n, UCX_RNDV_SCHEME=put_zcopy)")
+
+_KVBUF = ("trtllm-1.2.md §2.2; TensorRT-LLM cpp/tensorrt_llm/common/envUtils.cpp getEnvMemSizeForKVCacheTransferBuffer "
+          "(parseMemorySize: a number, then b, kb, mb, gb or tb) and batch_manager/cacheTransBuffer.cpp (read when "
+          "max_tokens_in_buffer is unset, any transport); docs/source/advanced/disaggregated-service.md")
 
 _DTYPES = ("auto", "float16", "float32", "bfloat16", "int32", "disable")
 
@@ -148,6 +153,7 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("tritonserver", "--load-model", "str", None, None, _LAUNCH),
     TrtllmOption("env", "TRTLLM_ORCHESTRATOR", "enum", ("1",), None, _LAUNCH),
     TrtllmOption("env", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES", "enum", ("0", "1"), None, _LAUNCH),
+    TrtllmOption("env", "TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE", "memsize", None, "512MB", _KVBUF),
     # UCX for the trtllm-serve KV transceiver (cache_transceiver_config.backend UCX, or NIXL over UCX)
     TrtllmOption("env", "UCX_MEMTYPE_CACHE", "enum", ("n", "y"), "y", _UCX),
     TrtllmOption("env", "UCX_CUDA_IPC_ENABLE_MNNVL", "enum", ("n", "y"), None, _UCX),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from trtpd.trtllm.containers import CONTAINERS, DEFAULT_CONTAINER
 from trtpd.trtllm.deploy import REPO_DIR, TRITON_LAUNCH, DeployPlan
 from trtpd.trtllm.launch import PYTHON_DIR
-from trtpd.trtllm.serve_config import transfer_buffer_tokens
+from trtpd.trtllm.transfer_buffer import transfer_buffer_env, transfer_buffer_tokens
 from trtpd.schema.manifest import MANIFEST_NAME
 from trtpd.trtllm.plan import BuildPlan
 from trtpd.trtllm.versions import PINNED
@@ -29,7 +29,8 @@ def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) ->
                      f"max_seq_len {s.max_seq_len} -> {role.engine_dir}")
     w = deploy.world
     lines.append(f"  MPI world (Triton tensorrtllm backend): {w.world_size} ranks = 1 orchestrator + "
-                 + " + ".join(f"{sum(len(i.ranks) for i in w.instances(s.role))} {s.role}" for s in r.roles))
+                 + " + ".join(f"{sum(len(i.ranks) for i in w.instances(s.role))} {s.role}" for s in r.roles)
+                 + ", " + " ".join(f"{k}={v}" for k, v in transfer_buffer_env(plan).items()))
     lines.append(f"  trtllm-serve KV transfer: {r.transceiver_backend}, max_tokens_in_buffer "
                  f"{transfer_buffer_tokens(r.max_input_len, r.tokens_per_block)}, "
                  f"kv_transfer_timeout_ms {r.kv_transfer_timeout_ms}")

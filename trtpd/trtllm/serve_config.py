@@ -18,6 +18,7 @@ from trtpd import __version__
 from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.options import check_args, check_keys, require_valid
 from trtpd.trtllm.plan import BuildPlan, RolePlan
+from trtpd.trtllm.transfer_buffer import transfer_buffer_tokens
 from trtpd.trtllm.versions import PINNED
 
 SERVER_START_TIMEOUT_S = 900        # loading a 70B engine on every rank takes minutes, not 180 s
@@ -75,13 +76,6 @@ def role_llm_options(plan: BuildPlan, role: RolePlan) -> dict:
     return options
 
 
-def transfer_buffer_tokens(max_prompt_tokens: int, tokens_per_block: int) -> int:
-    """Strictly above the longest prompt, by one KV block: equal is not enough under sustained load (Dynamo's
-    TensorRT-LLM known issues, "KV Cache Exhaustion Causing Worker Deadlock": max_tokens_in_buffer must exceed
-    the maximum ISL)."""
-    return max_prompt_tokens + tokens_per_block
-
-
 def worker_commands(plan: BuildPlan, world: RankLayout, layout: ServeLayout, options_dir: str) -> list[WorkerCommand]:
     r, commands, index = plan.request, [], 0
     for role in plan.roles:
@@ -128,8 +122,10 @@ def render_serve_files(plan: BuildPlan, world: RankLayout, layout: ServeLayout, 
             f"KV reuse is {'on' if s.enable_kv_cache_reuse else 'off'}"
             + (" (must be off on the context side: NVIDIA/TensorRT-LLM#12542)." if s.role == "prefill" else "."),
             f"max_tokens_in_buffer = longest prompt ({r.max_input_len} tokens) + one block: it must exceed the longest",
-            "prompt (Dynamo's TensorRT-LLM known issues). kv_transfer_timeout_ms is finite so a lost peer frees the",
-            "request. KV dtype and tokens_per_block come from the engine, not from here.",
+            "prompt (Dynamo's TensorRT-LLM known issues). kv_transfer_timeout_ms is enforced by the PyTorch backend's",
+            "executor only (_torch/pyexecutor/py_executor.py); with --backend tensorrt, as here, TensorRT-LLM 1.2.1's",
+            "C++ transceiver does not read it (trtpd lint: transfer-timeout-scope). KV dtype and tokens_per_block come",
+            "from the engine, not from here.",
         ], role_llm_options(plan, role))
     workers = worker_commands(plan, world, layout, ".")
     files[f"{folder}/disagg.yaml"] = _yaml([

@@ -21,8 +21,9 @@ def built(tmp_path_factory):
 def test_lint_of_a_fresh_build_has_no_errors(built, capsys):
     assert main(["lint", str(built), "--no-port-check"]) == 0
     out = capsys.readouterr().out
-    assert "lint: 0 error(s), 2 warning(s), 1 note(s)" in out          # engines are only planned
+    assert "lint: 0 error(s), 2 warning(s), 2 note(s)" in out          # engines are only planned
     assert "[mpi-transfer-limits]" in out and "restart launch_triton.sh" in out
+    assert "[transfer-timeout-scope]" in out                            # trtllm-serve --backend tensorrt
     assert out.count("[engine-status]") == 2
 
 
@@ -34,7 +35,7 @@ def test_discover_finds_every_part(built):
     assert paths.launch_script.name == "launch_triton.sh"
     assert paths.serve_dir.name == "trtllm-serve"
     findings = lint_deployment(paths, check_ports_free=False)
-    assert {f.rule for f in findings} == {"engine-status", "mpi-transfer-limits"}
+    assert {f.rule for f in findings} == {"engine-status", "mpi-transfer-limits", "transfer-timeout-scope"}
 
 
 def test_lint_from_two_manifests_reports_mismatch(make, tmp_path, capsys):

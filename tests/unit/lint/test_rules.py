@@ -132,6 +132,9 @@ CASES = {
                 lambda c: lint_serve_launch("export UCX_MEMTYPE_CACHE=${UCX_MEMTYPE_CACHE:-n}\n"
                                             "export UCX_CUDA_IPC_ENABLE_MNNVL=n\n", source="launch.sh")),
     "mpi-transfer-limits": (lambda c: c.repo(), lambda c: c.pair()),
+    "transfer-timeout-scope": (
+        lambda c: lint_serve_launch("trtllm-serve /e --backend tensorrt --port 8100 > p.log 2>&1 &\n", source="l.sh"),
+        lambda c: lint_serve_launch("trtllm-serve /ckpt --backend pytorch --port 8100 > p.log 2>&1 &\n", source="l.sh")),
 }
 
 
@@ -187,6 +190,8 @@ def test_generated_deployment_is_clean(ctx):
     assert faults(findings) == []
     assert [f.rule for f in findings] == ["mpi-transfer-limits"]
     assert "no KV-transfer timeout" in findings[0].message and "restart launch_triton.sh" in findings[0].fix
+    assert "TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE" in findings[0].message        # a buffer setting does exist
+    assert "use the trtllm-serve path" not in findings[0].fix                   # its engines ignore the timeout too
 
 
 def test_missing_no_fallback_parameter_names_model_and_parameter(ctx):

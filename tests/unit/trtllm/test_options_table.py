@@ -17,7 +17,7 @@ from trtpd.trtllm.options_table import OPTIONS
 from trtpd.trtllm.run import prepare
 from trtpd.schema.pbtxt import parameters, parse_model_config
 
-TYPES = {"int", "float", "bool", "switch", "flag", "enum", "str", "path", "list"}
+TYPES = {"int", "float", "bool", "switch", "flag", "enum", "str", "path", "list", "memsize"}
 
 
 def test_table_rows_are_complete():

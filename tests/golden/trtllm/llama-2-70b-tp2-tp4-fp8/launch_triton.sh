@@ -9,9 +9,12 @@
 # executor shares this world and OpenMPI must be CUDA-aware and built with UCX.
 # Worker ranks get rank 0's ports, as launch_triton_server.py does: they stay in the executor
 # worker loop while loading their models and never open endpoints.
-# TensorRT-LLM 1.2.1 has no KV-transfer timeout or buffer setting on this path (the backend hard-codes
-# the MPI transceiver): if a rank dies, mpirun ends the whole world, so rerun this script; if one hangs,
-# kill and rerun it. Use deploy/trtllm-serve for a finite kv_transfer_timeout_ms (trtpd lint explains).
+# TensorRT-LLM 1.2.1 has no KV-transfer timeout or transport setting on this path (the backend hard-codes
+# CacheTransceiverConfig(MPI)): if a rank dies, mpirun ends the whole world, so rerun this script; if one
+# hangs, kill and rerun it. No compiled-engine path of 1.2.1 enforces kv_transfer_timeout_ms (trtllm-serve
+# --backend tensorrt does not either; trtpd lint explains). The KV staging buffer is sized by
+# TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE (default 512MB, every transport): set below to the longest prompt's
+# KV plus one block on one rank of the role holding the most (trtpd/trtllm/transfer_buffer.py).
 set -euo pipefail
 if [ ! -x /opt/tritonserver/bin/tritonserver ]; then
   echo "launch_triton.sh: /opt/tritonserver/bin/tritonserver is not in this image; run this script in nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" >&2
@@ -19,6 +22,7 @@ if [ ! -x /opt/tritonserver/bin/tritonserver ]; then
 fi
 export TRTLLM_ORCHESTRATOR=1
 export TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0
+export TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE=163MB
 DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving, which neither container
 # has: a trtpd-deploy.pth in the site-packages of the python3 on PATH (the one the python-backend stub uses; it
@@ -34,7 +38,7 @@ if ! TRTPD_SRC="$DEPLOY_DIR/python" python3 -I -c 'import os, trtpd; raise Syste
   echo "launch_triton.sh: python3 -I does not import trtpd from $DEPLOY_DIR/python (another trtpd installed in $SITE_PACKAGES?)" >&2
   exit 1
 fi
-exec mpirun --allow-run-as-root -x TRTLLM_ORCHESTRATOR -x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES \
+exec mpirun --allow-run-as-root -x TRTLLM_ORCHESTRATOR -x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES -x TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE \
     -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_ \
     : -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix1_ --model-control-mode=explicit --load-model=prefill --load-model=decode \
     : -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix2_ --model-control-mode=explicit --load-model=prefill --load-model=decode \
