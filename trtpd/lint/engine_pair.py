@@ -2,13 +2,18 @@
 
 What must match (TensorRT-LLM's CacheFormatter::inquireSupport, trtllm-1.2.md §2.5): KV dtype,
 tokens_per_block, layers, KV heads, head size; beam width 1 only. TP and PP may differ. The decode
-engine must accept the whole prompt, because a generation-only request carries it.
+engine must accept the whole prompt, because a generation-only request carries it. With FP8 KV the
+per-layer scaling factors must match too; inquireSupport compares the two CacheStates (dtype, KV heads,
+head size, tokens_per_block, layers, attention type, kv factor: cpp/tensorrt_llm/batch_manager/
+cacheFormatter.cpp, the version trtllm-1.2.md §2.5 cites), which carry no scaling factors, so only the
+manifests' `kv_scales_digest` shows a mismatch.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from trtpd.catalog import KvDtype
 from trtpd.schema.manifest import EngineManifest, load_manifest
 from trtpd.lint.findings import Finding
 
@@ -41,10 +46,7 @@ def lint_engine_pair(prefill: EngineManifest, decode: EngineManifest, *, max_pro
         if mine != theirs:
             findings.append(Finding(rule, "error", pair, f"{field} differs: prefill {mine}, decode {theirs}",
                                     "prefill and decode must be built from the same model"))
-    if (prefill.kv_scales_digest and decode.kv_scales_digest
-            and prefill.kv_scales_digest != decode.kv_scales_digest):
-        findings.append(Finding("kv-scales", "error", pair, "FP8 KV scales differ (different calibrations)",
-                                "build both engines from the same FP8-calibrated checkpoint run"))
+    findings += lint_kv_scales(prefill, decode)
     for role, cfg in (("prefill", p), ("decode", d)):
         if cfg.max_beam_width != 1:
             findings.append(Finding("beam-width", "error", f"{role} build_config.max_beam_width",
@@ -68,6 +70,33 @@ def lint_engine_pair(prefill: EngineManifest, decode: EngineManifest, *, max_pro
                                     f"engine {m.folder_name} is {m.status!r}" + (f" ({m.error})" if m.error else ""),
                                     "run trtpd build on a machine with TensorRT-LLM 1.2.x and GPUs"))
     return findings
+
+
+def lint_kv_scales(prefill: EngineManifest, decode: EngineManifest) -> list[Finding]:
+    """FP8 KV is written with prefill's per-layer scales and read with decode's, so the two must be equal. Each
+    manifest's `kv_scales_digest` is read back from its checkpoint when it is built (trtllm/kv_scales.py); two
+    engines of one checkpoint share one calibration, two checkpoints (different TP) had two."""
+    p, d = prefill.kv_scales_digest, decode.kv_scales_digest
+    pair = f"prefill {prefill.folder_name} / decode {decode.folder_name}"
+    if p and d and p != d:
+        return [Finding("kv-scales", "error", "kv_scales_digest",
+                        f"kv_scales_digest differs: prefill {prefill.folder_name} has {p}, decode {decode.folder_name} "
+                        f"has {d}: their FP8 KV scaling factors come from calibrations that disagree, so decode "
+                        f"would read prefill's KV with the wrong scale",
+                        "rebuild both engines at the same TP (one checkpoint, one calibration) or rebuild with "
+                        "--force until both calibrations agree (trtpd build compares them and refuses otherwise)")]
+    two_checkpoints = prefill.inputs.checkpoint_dir != decode.inputs.checkpoint_dir
+    built = prefill.status == decode.status == "complete"
+    fp8 = prefill.build_config.kv_dtype is KvDtype.FP8 and decode.build_config.kv_dtype is KvDtype.FP8
+    if fp8 and built and two_checkpoints and not (p and d):
+        lacking = " and ".join(r for r, digest in (("prefill", p), ("decode", d)) if not digest)
+        return [Finding("kv-scales-unverified", "error", f"{pair} kv_scales_digest",
+                        f"FP8 engines from two checkpoints ({prefill.inputs.checkpoint_dir}, "
+                        f"{decode.inputs.checkpoint_dir}), two calibrations, and the {lacking} manifest has no "
+                        f"kv_scales_digest: nothing shows that prefill writes KV with the scales decode reads it with",
+                        "rebuild both engines with this trtpd (trtpd build --force reads the scales back from the "
+                        "checkpoints, compares them and records kv_scales_digest), or build both roles at the same TP")]
+    return []
 
 
 def lint_multiple_profiles(m: EngineManifest) -> list[Finding]:

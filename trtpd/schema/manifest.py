@@ -3,7 +3,7 @@
 One `manifest.json` sits in every engine folder, `engines/<model>/<role>-tp<N>/` (plus `-pp<M>`
 when PP > 1). Both backends write it: `tensorrtllm` (quantize + trtllm-build) and `reference`
 (CPU weights). `trtpd lint` checks a prefill/decode pair from two manifests alone, so everything
-that decides KV compatibility is in `build_config` and `model`.
+that decides KV compatibility is in `build_config`, `model` and, for FP8 KV, `kv_scales_digest`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,10 @@ class EngineManifest(_Strict):
     model: ModelShape
     build_config: EngineBuildConfig
     inputs: BuildInputs
-    kv_scales_digest: str | None = None      # fp8: digest of the per-layer KV scales, when known
+    # fp8: digest of the per-layer KV scaling factors this engine writes and reads KV with (tensorrtllm: read back
+    # from the quantize.py checkpoint, trtllm/kv_scales.py; reference: its checkpoint's K/V scales). Known once
+    # built (None in planned manifests); `trtpd lint` (kv-scales) requires prefill's and decode's to be equal.
+    kv_scales_digest: str | None = None
     steps: list[StepRecord] = Field(default_factory=list)
     versions: dict[str, str] = Field(default_factory=dict)
     checksums: list[FileChecksum] = Field(default_factory=list)

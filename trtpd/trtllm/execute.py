@@ -3,6 +3,9 @@
 Every side effect goes through a `Runner` (the real one starts subprocesses; tests pass a fake).
 An engine folder's manifest moves planned -> building -> complete | failed. A failed step removes
 what it half-wrote (checkpoint or engine files) but keeps the manifest with the error and the log.
+With FP8, both checkpoints are made before any engine, and their KV scales are read back and compared
+(kv_scales.py): a prefill/decode pair quantized in two calibrations that disagree is refused, and each
+engine's manifest records its digest (`kv_scales_digest`) for `trtpd lint`.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from trtpd.schema.manifest import (MANIFEST_NAME, EngineManifest, FileChecksum, load_manifest, now_iso,
-                                   write_manifest)
-from trtpd.trtllm.plan import BuildPlan, RolePlan, Step
 from trtpd.errors import ConfigError, TrtpdError
+from trtpd.schema.manifest import (MANIFEST_NAME, EngineManifest, FileChecksum, StepRecord, load_manifest, now_iso,
+                                   write_manifest)
+from trtpd.trtllm.kv_scales import KvScales, KvScalesError, read_kv_scales, require_same_scales
+from trtpd.trtllm.plan import BuildPlan, RolePlan, Step
 
 STAMP_NAME = "trtpd-step.json"
 Report = Callable[[str], None]
@@ -112,45 +116,100 @@ def run_step(step: Step, runner: Runner, log_path: Path, report: Report) -> floa
 
 def execute_plan(plan: BuildPlan, runner: Runner, report: Report, *, versions: dict[str, str],
                  force: bool = False) -> list[EngineManifest]:
+    """Checkpoints first, then (FP8) the pair's KV scales compared, then the engines: a pair whose two
+    calibrations disagree is refused before any engine is built."""
     logs = plan.request.model_dir / "logs"
-    done_checkpoints: dict[Path, float | None] = {}
-    manifests = []
+    expected = {role.spec.role: role.manifest.model_copy(update={"versions": {**role.manifest.versions, **versions}})
+                for role in plan.roles}
+    todo = []
     for role in plan.roles:
-        expected = role.manifest.model_copy(update={"versions": {**role.manifest.versions, **versions}})
-        if not force and engine_is_current(role.engine_dir, expected):
+        if not force and engine_is_current(role.engine_dir, expected[role.spec.role]):
             report(f"{role.engine_dir.name}: up to date (manifest matches), skipped")
-            manifests.append(load_manifest(role.engine_dir))
-            continue
-        manifests.append(_build_role(role, expected, runner, report, logs, force, done_checkpoints))
-    return manifests
+        else:
+            todo.append(role)
+    building = {role.spec.role: _start_role(role, expected[role.spec.role]) for role in todo}
+    try:
+        checkpoint_records = _run_checkpoints(todo, runner, report, logs, force)
+        digests = _kv_scales_digests(plan, todo)
+    except TrtpdError as exc:
+        for role in todo:
+            _fail_role(role, building[role.spec.role], str(exc), checkpoint_records=None)
+        raise
+    for role in todo:
+        manifest = building[role.spec.role].model_copy(update={"kv_scales_digest": digests.get(role.spec.role)})
+        _build_role(role, manifest, checkpoint_records[role.spec.role], runner, report, logs)
+    return [load_manifest(role.engine_dir) for role in plan.roles]
 
 
-def _build_role(role: RolePlan, expected: EngineManifest, runner: Runner, report: Report, logs: Path,
-                force: bool, done_checkpoints: dict[Path, float | None]) -> EngineManifest:
-    ckpt, build = role.checkpoint_step, role.build_step
+def _start_role(role: RolePlan, expected: EngineManifest) -> EngineManifest:
     manifest = expected.model_copy(update={"status": "building", "updated_at": now_iso()})
     _clear(role.engine_dir)
     write_manifest(manifest, role.engine_dir)
+    return manifest
+
+
+def _fail_role(role: RolePlan, manifest: EngineManifest, error: str, checkpoint_records) -> None:
     records = list(manifest.steps)
-    try:
-        if ckpt.output_dir in done_checkpoints:
-            records[0] = records[0].model_copy(update={"status": "skipped"})
-        elif not force and checkpoint_is_current(ckpt):
-            report(f"{ckpt.output_dir.name}: checkpoint up to date, skipped")
-            done_checkpoints[ckpt.output_dir] = None
-            records[0] = records[0].model_copy(update={"status": "skipped"})
+    if checkpoint_records is not None:
+        records[0] = checkpoint_records
+    records = [r if r.status != "planned" else r.model_copy(update={"status": "failed"}) for r in records]
+    _clear(role.engine_dir, keep=(MANIFEST_NAME,))
+    write_manifest(manifest.model_copy(update={"status": "failed", "error": error, "steps": records,
+                                               "updated_at": now_iso()}), role.engine_dir)
+
+
+def _run_checkpoints(todo: list[RolePlan], runner: Runner, report: Report, logs: Path,
+                     force: bool) -> dict[str, StepRecord]:
+    """Each distinct checkpoint once, in plan order; {role: its checkpoint step's record}."""
+    records: dict[str, StepRecord] = {}
+    done: set[Path] = set()
+    for role in todo:
+        step = role.checkpoint_step
+        if step.output_dir in done:
+            records[role.spec.role] = step.record().model_copy(update={"status": "skipped"})
+        elif not force and checkpoint_is_current(step):
+            report(f"{step.output_dir.name}: checkpoint up to date, skipped")
+            records[role.spec.role] = step.record().model_copy(update={"status": "skipped"})
         else:
-            records[0] = _run_checkpoint(ckpt, runner, report, logs, done_checkpoints)
-        log_path = logs / f"trtllm-build-{role.engine_dir.name}.log"
-        records[1] = records[1].model_copy(update={"log_path": str(log_path)})
+            records[role.spec.role] = _run_checkpoint(step, runner, report, logs)
+        done.add(step.output_dir)
+    return records
+
+
+def _kv_scales_digests(plan: BuildPlan, todo: list[RolePlan]) -> dict[str, str]:
+    """FP8: each role's KV-scale digest read back from its checkpoint; raises KvScalesError when they differ.
+    A role that is up to date keeps the digest its manifest has when its checkpoint is gone."""
+    if not plan.request.fp8:
+        return {}
+    scales: dict[str, KvScales] = {}
+    digests: dict[str, str] = {}
+    for role in plan.roles:
+        s = role.spec
+        if role in todo or any(role.checkpoint_step.output_dir.glob("rank*.safetensors")):
+            scales[s.role] = read_kv_scales(role.checkpoint_step.output_dir, s.tp_size, s.pp_size)
+            digests[s.role] = scales[s.role].digest
+        elif (kept := load_manifest(role.engine_dir).kv_scales_digest) is not None:
+            digests[s.role] = kept
+    if len(scales) == 2:
+        require_same_scales(scales["prefill"], scales["decode"])
+    elif len(set(digests.values())) > 1:
+        raise KvScalesError(f"kv_scales_digest differs: prefill {digests['prefill']}, decode {digests['decode']} "
+                            f"(two calibrations); rebuild both roles with --force")
+    return digests
+
+
+def _build_role(role: RolePlan, manifest: EngineManifest, checkpoint_record: StepRecord, runner: Runner,
+                report: Report, logs: Path) -> EngineManifest:
+    build = role.build_step
+    records = [checkpoint_record, manifest.steps[1]]
+    log_path = logs / f"trtllm-build-{role.engine_dir.name}.log"
+    records[1] = records[1].model_copy(update={"log_path": str(log_path)})
+    try:
         duration_s = run_step(build, runner, log_path, report)
-        records[1] = records[1].model_copy(update={"status": "ok", "duration_s": round(duration_s, 3)})
     except BuildStepError as exc:
-        records = [r if r.status != "planned" else r.model_copy(update={"status": "failed"}) for r in records]
-        _clear(role.engine_dir, keep=(MANIFEST_NAME,))
-        write_manifest(manifest.model_copy(update={"status": "failed", "error": str(exc), "steps": records,
-                                                   "updated_at": now_iso()}), role.engine_dir)
+        _fail_role(role, manifest.model_copy(update={"steps": records}), str(exc), checkpoint_records=None)
         raise
+    records[1] = records[1].model_copy(update={"status": "ok", "duration_s": round(duration_s, 3)})
     final = manifest.model_copy(update={"status": "complete", "steps": records, "updated_at": now_iso(),
                                         "checksums": checksums(role.engine_dir)})
     write_manifest(final, role.engine_dir)
@@ -158,7 +217,7 @@ def _build_role(role: RolePlan, expected: EngineManifest, runner: Runner, report
     return final
 
 
-def _run_checkpoint(step: Step, runner: Runner, report: Report, logs: Path, done: dict[Path, float | None]):
+def _run_checkpoint(step: Step, runner: Runner, report: Report, logs: Path) -> StepRecord:
     log_path = logs / f"{step.name}-{step.output_dir.name}.log"
     record = step.record().model_copy(update={"log_path": str(log_path)})
     _clear(step.output_dir)
@@ -170,5 +229,4 @@ def _run_checkpoint(step: Step, runner: Runner, report: Report, logs: Path, done
     step.output_dir.mkdir(parents=True, exist_ok=True)
     (step.output_dir / STAMP_NAME).write_text(json.dumps({"argv": step.argv, "status": "ok",
                                                           "finished_at": now_iso()}, indent=2) + "\n")
-    done[step.output_dir] = duration_s
     return record.model_copy(update={"status": "ok", "duration_s": round(duration_s, 3)})

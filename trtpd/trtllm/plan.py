@@ -2,7 +2,8 @@
 
 TP and PP are baked into a TensorRT-LLM checkpoint (quantize.py --tp_size), so each distinct
 (TP, PP) gets its own checkpoint folder, shared by the roles that use it. trtllm-build has no
-KV-dtype flag: FP8 KV comes from the checkpoint's kv_cache_quant_algo (trtllm-1.2.md §1.2).
+KV-dtype flag: FP8 KV comes from the checkpoint's kv_cache_quant_algo (trtllm-1.2.md §1.2). Two
+FP8 checkpoints are two calibrations; execute.py compares their KV scales (kv_scales.py).
 """
 
 from __future__ import annotations
@@ -71,13 +72,13 @@ class BuildPlan:
         return (self.prefill, self.decode)
 
     def unique_steps(self) -> list[Step]:
-        """Steps in run order; a checkpoint shared by both roles is converted once."""
+        """Steps in run order (execute.py): every checkpoint, then every engine, so that two FP8 calibrations are
+        compared before any engine is built; a checkpoint shared by both roles is converted once."""
         seen, steps = set(), []
-        for role in self.roles:
-            for step in role.steps:
-                if step.output_dir not in seen:
-                    seen.add(step.output_dir)
-                    steps.append(step)
+        for step in [r.checkpoint_step for r in self.roles] + [r.build_step for r in self.roles]:
+            if step.output_dir not in seen:
+                seen.add(step.output_dir)
+                steps.append(step)
         return steps
 
 

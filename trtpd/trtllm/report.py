@@ -34,6 +34,12 @@ def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) ->
     lines.append(f"  trtllm-serve KV transfer: {r.transceiver_backend}, max_tokens_in_buffer "
                  f"{transfer_buffer_tokens(r.max_input_len, r.tokens_per_block)}, "
                  f"kv_transfer_timeout_ms {r.kv_transfer_timeout_ms}")
+    if r.fp8:
+        checkpoints = sorted({role.checkpoint_step.output_dir.name for role in plan.roles})
+        lines.append(f"  FP8 KV scales: " + ("one calibration, one checkpoint for both roles" if len(checkpoints) == 1
+                     else f"two calibrations ({', '.join(checkpoints)}): both run before any engine, their KV scales "
+                          f"are read back and compared (a mismatch stops the build)")
+                     + "; each manifest records kv_scales_digest")
     c = deploy.container
     lines.append(f"  container: {c.name} ({c.image}), TensorRT-LLM examples in {r.examples_dir}")
     if not c.has_tritonserver:

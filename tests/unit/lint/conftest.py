@@ -15,13 +15,15 @@ from trtpd.catalog import get_model
 
 
 def manifest(role: str = "prefill", *, model: str = "llama-2-70b", status: str = "complete",
-             scales: str | None = None, shape: dict | None = None, **build) -> EngineManifest:
+             scales: str | None = None, shape: dict | None = None, checkpoint: str | None = None,
+             **build) -> EngineManifest:
     config = {"kv_dtype": "fp8", "tokens_per_block": 32, "max_batch_size": 4 if role == "prefill" else 256,
               "max_num_tokens": 8192 if role == "prefill" else 256, "max_input_len": 2048, "max_seq_len": 2560,
               "max_beam_width": 1, "tp_size": 4, "pp_size": 1, **build}
     model_shape = ModelShape.of(get_model(model)).model_copy(update=shape or {})
     return EngineManifest(backend="tensorrtllm", role=role, model=model_shape,
-                          build_config=EngineBuildConfig(**config), inputs=BuildInputs(model_source=model),
+                          build_config=EngineBuildConfig(**config),
+                          inputs=BuildInputs(model_source=model, checkpoint_dir=checkpoint),
                           kv_scales_digest=scales, status=status)
 
 

@@ -95,6 +95,9 @@ CASES = {
     "head-size": (lambda c: c.pair(decode={"shape": {"head_size": 64}}), lambda c: c.pair()),
     "kv-scales": (lambda c: c.pair(prefill={"scales": "aaaa"}, decode={"scales": "bbbb"}),
                   lambda c: c.pair(prefill={"scales": "aaaa"}, decode={"scales": "aaaa"})),
+    "kv-scales-unverified": (lambda c: c.pair(prefill={"checkpoint": "fp8-tp2", "scales": "aaaa"},
+                                              decode={"checkpoint": "fp8-tp4"}),
+                             lambda c: c.pair(prefill={"checkpoint": "fp8-tp4"}, decode={"checkpoint": "fp8-tp4"})),
     "beam-width": (lambda c: c.pair(decode={"max_beam_width": 4}), lambda c: c.pair()),
     "prefill-input-len": (lambda c: c.pair(max_prompt_tokens=3000, max_output_tokens=0,
                                            decode={"max_input_len": 3000, "max_seq_len": 3000}),
@@ -247,3 +250,23 @@ def test_transfer_buffer_equal_to_the_longest_prompt_is_an_error(ctx):
     fired = ctx.serve(decode=ctx.make.serve_options("decode", max_tokens_in_buffer=2048))
     assert [(f.rule, f.severity) for f in fired] == [("transfer-buffer", "error")]
     assert "equal to the longest prompt" in fired[0].message
+
+
+def test_mismatched_kv_scales_fail_the_pair_naming_the_field(make):
+    """Two calibrations (TP2 prefill, TP4 decode) whose FP8 KV scales differ: an error on kv_scales_digest, which
+    render and the fleet launcher refuse on (check_pair)."""
+    p = make.manifest("prefill", tp_size=2, checkpoint="ckpt/fp8-tp2", scales="1111aaaa2222bbbb")
+    d = make.manifest("decode", tp_size=4, checkpoint="ckpt/fp8-tp4", scales="3333cccc4444dddd")
+    (finding,) = [f for f in lint_engine_pair(p, d) if f.severity == "error"]
+    assert (finding.rule, finding.subject) == ("kv-scales", "kv_scales_digest")
+    assert finding.message.startswith("kv_scales_digest differs: prefill prefill-tp2 has 1111aaaa2222bbbb, decode "
+                                      "decode-tp4 has 3333cccc4444dddd")
+
+
+def test_kv_scales_of_planned_and_fp16_engines_are_not_required(make):
+    two = {"prefill": {"checkpoint": "a"}, "decode": {"checkpoint": "b"}}
+    planned = lint_engine_pair(make.manifest("prefill", status="planned", **two["prefill"]),
+                               make.manifest("decode", status="planned", **two["decode"]))
+    fp16 = lint_engine_pair(make.manifest("prefill", kv_dtype="fp16", **two["prefill"]),
+                            make.manifest("decode", kv_dtype="fp16", **two["decode"]))
+    assert not [f for f in planned + fp16 if f.rule.startswith("kv-scales")]

@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from trtpd.trtllm.environment import BuildEnvironment, TrtllmUnavailableError, require_runnable
 from trtpd.trtllm.execute import BuildStepError, execute_plan
+from trtpd.trtllm.kv_scales import KvScalesError, read_kv_scales
 from trtpd.schema.manifest import load_manifest
 from trtpd.trtllm.plan import plan_build
 from trtpd.trtllm.run import prepare, run_build
@@ -18,10 +21,29 @@ from trtpd.trtllm.spec import BuildOverrides, make_request
 from trtpd.errors import ConfigError
 
 
+def write_rank_files(out: Path, world: int, scales: list[float]) -> None:
+    """What quantize.py --kv_cache_dtype fp8 writes, for the KV scales: one F32 scalar per layer and rank (every
+    rank of a TP group the same), beside FP8 weights that the scale reader must skip."""
+    for rank in range(world):
+        tensors = {"transformer.vocab_embedding.weight": np.zeros((4, 2), dtype=np.float16)}
+        for layer, scale in enumerate(scales):
+            prefix = f"transformer.layers.{layer}.attention."
+            tensors[prefix + "qkv.weight"] = np.zeros((4, 2), dtype=np.uint8)
+            tensors[prefix + "kv_cache_scaling_factor"] = np.array([scale], dtype=np.float32)
+        save_file(tensors, str(out / f"rank{rank}.safetensors"))
+
+
 class FakeRunner:
-    def __init__(self, fail_on: str | None = None):
+    """Writes what each command would write. quantize.py writes rank files with KV scales: `scales` maps a part of
+    the output folder's name to that checkpoint's per-layer scales (default: the same for every checkpoint, as two
+    deterministic calibrations of one model give)."""
+
+    DEFAULT_SCALES = [0.0125, 0.015, 0.0175, 0.02]
+
+    def __init__(self, fail_on: str | None = None, scales: dict[str, list[float]] | None = None):
         self.calls: list[list[str]] = []
         self.fail_on = fail_on
+        self.scales = scales or {}
 
     def run(self, argv, env, log_path: Path, on_line) -> int:
         self.calls.append(argv)
@@ -33,6 +55,11 @@ class FakeRunner:
         if argv[0] == "trtllm-build":
             (out / "config.json").write_text(json.dumps({"argv": argv}))
             (out / "rank0.engine").write_bytes(b"engine-bytes")
+        elif argv[1].endswith("quantize.py"):
+            (out / "config.json").write_text("{}")
+            world = int(argv[argv.index("--tp_size") + 1]) * int(argv[argv.index("--pp_size") + 1])
+            scales = next((v for k, v in self.scales.items() if k in out.name), self.DEFAULT_SCALES)
+            write_rank_files(out, world, scales)
         else:
             (out / "config.json").write_text("{}")
             (out / "rank0.safetensors").write_bytes(b"weights")
@@ -149,3 +176,44 @@ def test_run_build_refuses_missing_examples_before_running_anything(request_for,
     with pytest.raises(ConfigError, match=r"/app/examples/quantization/quantize.py missing.*--container trtllm-1.2.1"):
         run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8), runner=runner)
     assert not (tmp_path / "llama-2-70b").exists()
+
+
+def test_fp8_pair_records_the_kv_scales_digest_read_from_both_checkpoints(plan):
+    runner = FakeRunner()
+    execute_plan(plan, runner, lambda _: None, versions=VERSIONS)
+    prefill, decode = load_manifest(plan.prefill.engine_dir), load_manifest(plan.decode.engine_dir)
+    assert prefill.kv_scales_digest and prefill.kv_scales_digest == decode.kv_scales_digest
+    assert prefill.kv_scales_digest == read_kv_scales(plan.decode.checkpoint_step.output_dir, 4).digest
+    # both calibrations run before the first engine, so a disagreement stops the build before any trtllm-build
+    assert [Path(c[1]).name if c[0] == "python3" else c[0] for c in runner.calls] == \
+        ["quantize.py", "quantize.py", "trtllm-build", "trtllm-build"]
+
+
+def test_pair_whose_two_calibrations_disagree_is_refused_before_any_engine(plan):
+    runner = FakeRunner(scales={"fp8-tp4": [0.0125, 0.015, 0.018, 0.02]})
+    with pytest.raises(KvScalesError, match=r"kv_scales_digest differs: prefill checkpoint .*fp8-tp2 has [0-9a-f]{16}, "
+                                            r"decode checkpoint .*fp8-tp4 has [0-9a-f]{16} \(first difference at "
+                                            r"layer 2: .*\)"):
+        execute_plan(plan, runner, lambda _: None, versions=VERSIONS)
+    assert [c[0] for c in runner.calls] == ["python3", "python3"]           # no engine was built
+    for role in plan.roles:
+        m = load_manifest(role.engine_dir)
+        assert m.status == "failed" and "kv_scales_digest differs" in m.error
+        assert sorted(p.name for p in role.engine_dir.iterdir()) == ["manifest.json"]
+
+
+def test_rebuilding_one_role_compares_against_the_other_roles_checkpoint(plan):
+    execute_plan(plan, FakeRunner(), lambda _: None, versions=VERSIONS)
+    (plan.decode.engine_dir / "rank0.engine").write_bytes(b"tampered")
+    for rank in plan.decode.checkpoint_step.output_dir.glob("rank*.safetensors"):
+        rank.unlink()                                     # decode's checkpoint re-quantizes, with other scales
+    (plan.decode.checkpoint_step.output_dir / "trtpd-step.json").unlink()
+    with pytest.raises(KvScalesError, match="kv_scales_digest differs"):
+        execute_plan(plan, FakeRunner(scales={"fp8-tp4": [1.0, 1.0, 1.0, 1.0]}), lambda _: None, versions=VERSIONS)
+    assert load_manifest(plan.prefill.engine_dir).status == "complete"   # the good engine is left as it was
+
+
+def test_fp16_pair_has_no_kv_scales_digest(request_for, tmp_path):
+    plan = plan_build(request_for("llama-3.1-8b", prefill_tp=1, decode_tp=1, fp8=False, engines_dir=tmp_path))
+    manifests = execute_plan(plan, FakeRunner(), lambda _: None, versions=VERSIONS)
+    assert [m.kv_scales_digest for m in manifests] == [None, None]
