@@ -16,7 +16,8 @@ from trtpd.trtllm.plan import plan_build
 from trtpd.trtllm.recipe import load_recipes
 from trtpd.trtllm.serve_config import ServeLayout, render_serve_files, worker_commands
 from trtpd.trtllm.spec import BuildOverrides, make_request
-from trtpd.controller.k8s.manifests import (EnginesVolume, dump_yaml, render_manifests, validate_manifests)
+from trtpd.controller.k8s.manifests import (SHUTDOWN_S, EnginesVolume, drain_seconds, dump_yaml, render_manifests,
+                                            validate_manifests)
 from trtpd.controller.types import RoleShape
 from trtpd.errors import ConfigError
 
@@ -106,9 +107,9 @@ def test_probes_drain_and_key(plan):
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] >= 900
-    hold_s = plan.request.kv_transfer_timeout_ms // 1000 + 5
+    hold_s = drain_seconds(plan)
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(hold_s)]
-    assert spec["terminationGracePeriodSeconds"] > hold_s
+    assert spec["terminationGracePeriodSeconds"] == hold_s + SHUTDOWN_S
     key_volume = next(v for v in spec["volumes"] if v["name"] == "kv-key")
     assert key_volume["secret"] == {"secretName": "llama-kv-key", "defaultMode": 0o400}
     assert {"name": "kv-key", "mountPath": "/etc/trtpd/kv", "readOnly": True} in container["volumeMounts"]
@@ -172,3 +173,18 @@ def test_the_gateway_needs_an_api_key_from_a_secret_only_it_mounts(plan):
     others = [m for (kind, name), m in manifests.items() if kind == "Deployment" and name != "llama-gateway"]
     assert others and not any(v.get("secret", {}).get("secretName") == "llama-api-key"
                               for m in others for v in m["spec"]["template"]["spec"].get("volumes", []))
+
+
+def test_prestop_pause_is_not_sized_from_a_timeout_the_servers_do_not_enforce():
+    """The servers run --backend tensorrt, where 1.2.1 enforces no kv_transfer_timeout_ms (py_executor.py only):
+    the pause is the gateway's routing margin plus one full prefill step's KV at the stated floor bandwidth."""
+    def plan_with(**kw):
+        return plan_build(make_request("llama-2-70b", load_recipes(), BuildOverrides(prefill_tp=2, decode_tp=4, **kw),
+                                       engines_dir=Path("/engines")))
+    assert drain_seconds(plan_with(kv_transfer_timeout_ms=60000)) == drain_seconds(plan_with(kv_transfer_timeout_ms=1000))
+    # 8192 tokens x 160 KiB (Llama-2-70B FP8: 2 x 80 layers x 8 KV heads x 128 x 1 B) = 1.34 GB -> 2 s at 1 GB/s
+    assert drain_seconds(plan_with()) == 5 + 2
+    assert drain_seconds(plan_with(prefill_max_num_tokens=16384)) == 5 + 3
+    plan = plan_with()
+    assert all(("--backend", "tensorrt") in w.args
+               for w in worker_commands(plan, plan_mpi_world(plan.request), ServeLayout(), "."))

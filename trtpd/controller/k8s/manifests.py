@@ -125,10 +125,23 @@ def fleet_configmap_name(fleet: str) -> str:
     return f"{fleet}-fleet"
 
 
+# The preStop pause (drain_seconds). The servers trtpd renders run compiled engines (`trtllm-serve --backend
+# tensorrt`, serve_config.worker_commands), where TensorRT-LLM 1.2.1 enforces no KV-transfer timeout: only the
+# PyTorch executor reads kv_transfer_timeout_ms (_torch/pyexecutor/py_executor.py, PR #6801; trtpd lint rule
+# transfer-timeout-scope), so the pause cannot be "until a pull finishes or expires". It is sized from what trtpd
+# knows and states instead:
+ROUTING_MARGIN_S = 5                 # the gateway stops routing to a drained instance (PUT /admin, fleet file)
+KV_LINK_FLOOR_BYTES_PER_S = 1.0e9    # slowest lane assumed for a pull: UCX over TCP on a 10 GbE pod network
+
+
 def drain_seconds(plan: BuildPlan) -> int:
-    """preStop sleep: a KV export a decode pulls right now finishes or expires (kv_transfer_timeout_ms), and
-    the gateway's next read of the fleet file drops the instance, before trtllm-serve gets SIGTERM."""
-    return math.ceil(plan.request.kv_transfer_timeout_ms / 1000) + 5
+    """preStop sleep: the gateway's routing margin, plus the time a healthy pull of one full prefill step's KV
+    (prefill max_num_tokens x the model's KV bytes per token) takes at KV_LINK_FLOOR_BYTES_PER_S. It bounds
+    nothing on a stuck peer: the hard bound is the pod's terminationGracePeriodSeconds (this + SHUTDOWN_S), after
+    which the kubelet kills trtllm-serve and a pull still running fails with it."""
+    r = plan.request
+    step_kv_bytes = r.prefill.max_num_tokens * r.model.kv_bytes_per_token(r.kv_dtype)
+    return ROUTING_MARGIN_S + math.ceil(step_kv_bytes / KV_LINK_FLOOR_BYTES_PER_S)
 
 
 # ---- one role of one revision ---------------------------------------------------------------------
