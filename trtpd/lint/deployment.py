@@ -13,7 +13,9 @@ from trtpd.lint.engine_pair import lint_engine_pair
 from trtpd.lint.findings import Finding
 from trtpd.lint.ports import lint_ports
 from trtpd.lint.repository import lint_repository
-from trtpd.lint.serve_configs import lint_serve_configs, lint_serve_launch, load_yaml, router_ports
+from trtpd.lint.serve_configs import (lint_serve_configs, lint_serve_launch, load_yaml, router_ports,
+                                      tokenizer_finding)
+from trtpd.schema.pbtxt import parameters, parse_model_config
 
 _TRITON_PORT = re.compile(r"--(http|grpc|metrics)-port[= ](\d+)")
 
@@ -67,6 +69,22 @@ def decode_worker_num_tokens(launch_script: str) -> int | None:
     return min(found) if found else None
 
 
+def lint_tokenizer_dirs(repo: Path) -> list[Finding]:
+    """The python models of a written GPU repository read `<tokenizer_dir>/tokenizer.json` and download nothing."""
+    findings = []
+    for model in ("preprocessing", "postprocessing"):
+        path = repo / model / "config.pbtxt"
+        if not path.is_file():
+            continue
+        value = parameters(parse_model_config(path.read_text(), str(path))).get("tokenizer_dir", "")
+        subject = f"{path}: tokenizer_dir"
+        if not value.startswith("/"):
+            findings.append(tokenizer_finding(subject, value))
+        elif not (Path(value) / "tokenizer.json").is_file():
+            findings.append(tokenizer_finding(subject, value, missing=True))
+    return findings
+
+
 def lint_deployment(paths: DeploymentPaths, *, max_prompt_tokens: int | None = None,
                     max_output_tokens: int | None = None, check_ports_free: bool = True,
                     host: str = "127.0.0.1") -> list[Finding]:
@@ -81,6 +99,7 @@ def lint_deployment(paths: DeploymentPaths, *, max_prompt_tokens: int | None = N
         raise ConfigError("the engine pair needs both a prefill and a decode manifest")
     if paths.repo:
         findings += lint_repository(paths.repo, launch_script=paths.launch_script)
+        findings += lint_tokenizer_dirs(paths.repo)
     if paths.launch_script:
         findings += lint_ports(triton_ports(paths.launch_script.read_text()), host=host, check_free=check_ports_free)
     if paths.serve_dir:

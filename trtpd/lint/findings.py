@@ -36,6 +36,7 @@ RULES: dict[str, str] = {
     "decode-num-tokens": "decode max_num_tokens holds the longest prompt, or chunked context is on",
     "multiple-profiles": "FP8 engines built with the GEMM plugin disabled use --multiple_profiles enable",
     "ucx-env": "the trtllm-serve launch sets the UCX variables upstream recommends",
+    "tokenizer": "every server reads a local tokenizer folder with tokenizer.json, never a hub id (no download)",
     "mpi-transfer-limits": "the Triton MPI path has no KV-transfer timeout or transport setting; its buffer is an "
                            "environment variable (what to do instead)",
 }

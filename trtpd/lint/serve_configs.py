@@ -77,7 +77,20 @@ def lint_serve_launch(script: str, *, source: str) -> list[Finding]:
                 for name, value in wanted.items() if not re.search(rf"(^|\s)(export\s+)?{name}=", script, re.M)]
     if re.search(r"trtllm-serve\s.*--backend[\s=]+tensorrt\b", script):
         findings.append(timeout_scope_note(source))
+    findings += [tokenizer_finding(f"{source}: --tokenizer {value}", value)
+                 for value in dict.fromkeys(re.findall(r"--tokenizer[\s=]+(\S+)", script)) if not value.startswith("/")]
     return findings
+
+
+def tokenizer_finding(subject: str, value: str, missing: bool = False) -> Finding:
+    """A server told to load its tokenizer from a hub id downloads it at start (a gated model needs an HF_TOKEN the
+    containers do not get); trtpd build puts a copy in the deploy folder (trtllm/tokenizer_files.py)."""
+    problem = (f"{value}/tokenizer.json does not exist" if missing else
+               f"{value!r} is not an absolute local path: a hub id makes the server download the tokenizer at start, "
+               f"which needs the network and, for a gated model, an HF_TOKEN the containers do not get")
+    return Finding("tokenizer", "error", subject, problem,
+                   "point it at the deploy folder's tokenizer/ (trtpd build fills it from --tokenizer-dir, the model "
+                   "folder or the local Hugging Face cache)")
 
 
 def timeout_scope_note(source: str) -> Finding:

@@ -27,20 +27,12 @@ CONTAINER_DIR = "containers"
 RUN_FLAGS = ("--ipc=host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864")
 
 
-def mounts(plan: BuildPlan, tokenizer_dir: str) -> list[str]:
-    """engines/<model> read-write (logs, caches), local weights/tokenizer folders read-only, else the HF cache."""
-    r = plan.request
-    model_dir = str(r.model_dir.resolve())
-    volumes = [f"{model_dir}:{model_dir}"]
-    for source in dict.fromkeys((r.model_source, tokenizer_dir)):
-        path = Path(source)
-        if path.is_absolute() or path.is_dir():
-            resolved = str(path.resolve())
-            if not resolved.startswith(model_dir + "/"):
-                volumes.append(f"{resolved}:{resolved}:ro")
-        else:
-            volumes.append("${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface")
-    return list(dict.fromkeys(volumes))
+def mounts(plan: BuildPlan) -> list[str]:
+    """engines/<model> read-write (logs, caches): the engines and the deploy folder, whose tokenizer/ copy is what
+    the servers read (tokenizer_files.py). Serving needs no weights folder and no Hugging Face cache, so none is
+    mounted, and no HF_TOKEN is passed: nothing in the containers downloads."""
+    model_dir = str(plan.request.model_dir.resolve())
+    return [f"{model_dir}:{model_dir}"]
 
 
 def _gpus(ids: list[int]) -> str:
@@ -61,12 +53,12 @@ def _header(what: str, layout: ContainerLayout, *, published: bool = True) -> li
 
 
 def triton_docker_run(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
-                      ports: TritonPorts, tokenizer_dir: str) -> str:
+                      ports: TritonPorts) -> str:
     name = f"trtpd-{plan.request.model.name}-triton"
     argv = ["docker", "run", "--rm", "--name", name, "--gpus", _gpus(_all_gpus(world)), *RUN_FLAGS]
     for port in (ports.http_port, ports.grpc_port, ports.metrics_port):
         argv += ["-p", f"${{BIND}}:{port}:{port}"]
-    for volume in mounts(plan, tokenizer_dir):
+    for volume in mounts(plan):
         argv += ["-v", volume]
     argv += [layout.image, "bash", str(deploy_dir / "launch_triton.sh")]
     rows = [f"#   {inst.role} {inst.index}: GPU(s) {','.join(map(str, inst.gpu_ids))} (gpu_device_ids)"
@@ -75,26 +67,26 @@ def triton_docker_run(plan: BuildPlan, world: RankLayout, layout: ContainerLayou
 
 
 def triton_compose(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
-                   ports: TritonPorts, tokenizer_dir: str) -> str:
+                   ports: TritonPorts) -> str:
     service = {
         "image": layout.image, "command": ["bash", str(deploy_dir / "launch_triton.sh")], "ipc": "host",
         "ulimits": {"memlock": -1, "stack": 67108864},
         "ports": [f"${{BIND:-127.0.0.1}}:{p}:{p}" for p in (ports.http_port, ports.grpc_port, ports.metrics_port)],
-        "volumes": mounts(plan, tokenizer_dir), "deploy": _devices(_all_gpus(world)),
+        "volumes": mounts(plan), "deploy": _devices(_all_gpus(world)),
     }
     return _compose_text("the Triton path: one container for the whole MPI world; each role model pins its GPUs "
                          "with gpu_device_ids", {"triton": service})
 
 
 def serve_docker_run(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
-                     serve: ServeLayout, tokenizer_dir: str) -> str:
+                     serve: ServeLayout) -> str:
     """One container running trtllm-serve/launch.sh (CUDA_VISIBLE_DEVICES per server inside). The servers and
     the router listen on the layout's host (localhost), which -p cannot reach inside a container, so this one
     uses the host network: the router is then reachable at 127.0.0.1 only, as the default asks."""
     name = f"trtpd-{plan.request.model.name}-trtllm-serve"
     argv = ["docker", "run", "--rm", "--name", name, "--gpus", _gpus(_all_gpus(world)), *RUN_FLAGS,
             "--network", "host"]
-    for volume in mounts(plan, tokenizer_dir):
+    for volume in mounts(plan):
         argv += ["-v", volume]
     argv += [layout.image, "bash", str(deploy_dir / "trtllm-serve" / "launch.sh")]
     return "\n".join(_header("The trtllm-serve path (servers + router in one container)", layout, published=False)
@@ -103,11 +95,11 @@ def serve_docker_run(plan: BuildPlan, world: RankLayout, layout: ContainerLayout
 
 
 def serve_compose(plan: BuildPlan, layout: ContainerLayout, deploy_dir: Path, serve: ServeLayout,
-                  workers: list[WorkerCommand], tokenizer_dir: str) -> str:
+                  workers: list[WorkerCommand]) -> str:
     """A service per server with only its GPUs (renumbered from 0 inside), and the router after them."""
     serve_dir = str(deploy_dir / "trtllm-serve")
     common = {"image": layout.image, "network_mode": "host", "ipc": "host",
-              "ulimits": {"memlock": -1, "stack": 67108864}, "volumes": mounts(plan, tokenizer_dir),
+              "ulimits": {"memlock": -1, "stack": 67108864}, "volumes": mounts(plan),
               "working_dir": serve_dir, "environment": dict(UCX_ENV)}
     services = {}
     for w in workers:
@@ -154,15 +146,14 @@ def _quote(arg: str) -> str:
 
 
 def render_container_files(plan: BuildPlan, world: RankLayout, layout: ContainerLayout, deploy_dir: Path,
-                           ports: TritonPorts, serve: ServeLayout, workers: list[WorkerCommand],
-                           tokenizer_dir: str) -> dict[str, str]:
+                           ports: TritonPorts, serve: ServeLayout, workers: list[WorkerCommand]) -> dict[str, str]:
     """Both paths' files; the Triton ones only for an image with tritonserver (TensorRT-LLM's release image has
     none: its `release` stage builds FROM devel, not tritondevel), so that image gets trtllm-serve only."""
     d = CONTAINER_DIR
     files = {}
     if layout.has_tritonserver:
-        files[f"{d}/docker-run-triton.sh"] = triton_docker_run(plan, world, layout, deploy_dir, ports, tokenizer_dir)
-        files[f"{d}/compose.triton.yaml"] = triton_compose(plan, world, layout, deploy_dir, ports, tokenizer_dir)
-    files[f"{d}/docker-run-trtllm-serve.sh"] = serve_docker_run(plan, world, layout, deploy_dir, serve, tokenizer_dir)
-    files[f"{d}/compose.trtllm-serve.yaml"] = serve_compose(plan, layout, deploy_dir, serve, workers, tokenizer_dir)
+        files[f"{d}/docker-run-triton.sh"] = triton_docker_run(plan, world, layout, deploy_dir, ports)
+        files[f"{d}/compose.triton.yaml"] = triton_compose(plan, world, layout, deploy_dir, ports)
+    files[f"{d}/docker-run-trtllm-serve.sh"] = serve_docker_run(plan, world, layout, deploy_dir, serve)
+    files[f"{d}/compose.trtllm-serve.yaml"] = serve_compose(plan, layout, deploy_dir, serve, workers)
     return files

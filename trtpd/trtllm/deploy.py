@@ -6,6 +6,8 @@
   launch_triton.sh    one MPI world (orchestrator + context + generation ranks)
   trtllm-serve/       prefill.yaml, decode.yaml, disagg.yaml, launch.sh (UCX/NIXL path)
   containers/         docker run lines and compose files for both paths (build/container_launch.py)
+  tokenizer/          the tokenizer files every server reads (tokenizer_files.py): copied from
+                      --tokenizer-dir, the model folder or the local Hugging Face cache; never a hub id
   python/trtpd/       a copy of trtpd's source for the python models, which import trtpd.serving.*:
                       the containers ship without trtpd; launch_triton.sh installs it as one .pth
                       file in the site-packages of the python3 on PATH (the python-backend stub
@@ -26,6 +28,7 @@ from trtpd.trtllm.launch import PYTHON_DIR, TritonPorts, render_triton_launch
 from trtpd.trtllm.mpi_world import RankLayout, plan_mpi_world
 from trtpd.trtllm.plan import BuildPlan
 from trtpd.trtllm.serve_config import ServeLayout, render_serve_files, worker_commands
+from trtpd.trtllm.tokenizer_files import TOKENIZER_DIR, copy_tokenizer, served_tokenizer_dir, tokenizer_source
 from trtpd.errors import ConfigError
 from trtpd.staging import staged_folder
 from trtpd.repo.render import ModelPlan, render_repository, templates_dir
@@ -43,6 +46,7 @@ class DeployPlan:
     models: list[ModelPlan]
     files: dict[str, str] = field(default_factory=dict)     # relative to deploy_dir
     container: ContainerLayout = CONTAINERS[DEFAULT_CONTAINER]
+    tokenizer_source: str = ""          # folder or hub id whose tokenizer files go to tokenizer/
 
     @property
     def repo_dir(self) -> Path:
@@ -89,16 +93,18 @@ def plan_gpu_repository(plan: BuildPlan, world: RankLayout, tokenizer_dir: str,
 def plan_deploy(plan: BuildPlan, *, tokenizer_dir: str | None = None, triton_ports: TritonPorts = TritonPorts(),
                 serve_layout: ServeLayout = ServeLayout(), templates: Path | None = None,
                 container: ContainerLayout = CONTAINERS[DEFAULT_CONTAINER]) -> DeployPlan:
+    """`tokenizer_dir`: where the tokenizer files come from (default: the model source); the configs name the
+    deploy folder's copy, tokenizer/, which write_deploy fills."""
     r = plan.request
     deploy_dir = r.model_dir / "deploy"
     world = plan_mpi_world(r)
-    tokenizer = tokenizer_dir or r.model_source
-    models = plan_gpu_repository(plan, world, tokenizer, templates)
+    served = served_tokenizer_dir(r.model_dir)
+    models = plan_gpu_repository(plan, world, str(served), templates)
     files = {TRITON_LAUNCH: render_triton_launch(plan, world, deploy_dir / REPO_DIR, triton_ports)}
     files.update(render_serve_files(plan, world, serve_layout, SERVE_DIR))
     files.update(render_container_files(plan, world, container, deploy_dir, triton_ports, serve_layout,
-                                        worker_commands(plan, world, serve_layout, "."), tokenizer))
-    return DeployPlan(deploy_dir, world, models, files, container)
+                                        worker_commands(plan, world, serve_layout, ".")))
+    return DeployPlan(deploy_dir, world, models, files, container, tokenizer_dir or r.model_source)
 
 
 def write_python_package(target: Path) -> Path:
@@ -109,12 +115,17 @@ def write_python_package(target: Path) -> Path:
     return dest
 
 
-def write_deploy(deploy: DeployPlan, *, force: bool = False, templates: Path | None = None) -> Path:
-    """Writes the deploy folder; on any error nothing is left behind (an old folder stays as it was)."""
+def write_deploy(deploy: DeployPlan, *, force: bool = False, templates: Path | None = None,
+                 require_tokenizer: bool = False) -> Path:
+    """Writes the deploy folder; on any error nothing is left behind (an old folder stays as it was). The tokenizer
+    is copied when a local one is found; without one the launch scripts stop at start, naming the fix, and
+    `require_tokenizer` (a real build, whose quantize/convert step filled the Hugging Face cache) refuses instead."""
     target = deploy.deploy_dir
     with staged_folder(target, overwrite=force) as staging:
         render_repository(deploy.models, staging / REPO_DIR, templates=templates, overwrite=True)
         write_python_package(staging / PYTHON_DIR)
+        if require_tokenizer or tokenizer_source(deploy.tokenizer_source)[0] is not None:
+            copy_tokenizer(deploy.tokenizer_source, staging / TOKENIZER_DIR)
         for rel, text in deploy.files.items():
             path = staging / rel
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from trtpd.trtllm.containers import CONTAINERS, DEFAULT_CONTAINER
 from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.options import check_args, check_keys, require_valid
 from trtpd.trtllm.plan import BuildPlan
+from trtpd.trtllm.tokenizer_files import TOKENIZER_DIR, guard_lines
 from trtpd.trtllm.transfer_buffer import transfer_buffer_env
 from trtpd.trtllm.versions import PINNED
 
@@ -144,6 +145,7 @@ def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: 
         *tritonserver_guard_lines(),
         exports,
         'DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        *guard_lines("launch_triton.sh", "$DEPLOY_DIR/" + TOKENIZER_DIR),
         *install_python_package_lines(),
         f"exec {body}",
         "",

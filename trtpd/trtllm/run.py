@@ -79,6 +79,6 @@ def run_build(prepared: PreparedBuild, *, report: Report, runner: Runner | None 
     if env.gpu_names:
         versions["gpu"] = env.gpu_names[0]
     manifests = execute_plan(prepared.plan, runner or SubprocessRunner(), report, versions=versions, force=force)
-    deploy_dir = write_deploy(prepared.deploy, force=True, templates=templates)
+    deploy_dir = write_deploy(prepared.deploy, force=True, templates=templates, require_tokenizer=True)
     report(f"deploy folder written: {deploy_dir}")
     return manifests

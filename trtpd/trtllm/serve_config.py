@@ -18,6 +18,7 @@ from trtpd import __version__
 from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.options import check_args, check_keys, require_valid
 from trtpd.trtllm.plan import BuildPlan, RolePlan
+from trtpd.trtllm.tokenizer_files import TOKENIZER_DIR, guard_lines, served_tokenizer_dir
 from trtpd.trtllm.transfer_buffer import transfer_buffer_tokens
 from trtpd.trtllm.versions import PINNED
 
@@ -82,7 +83,8 @@ def worker_commands(plan: BuildPlan, world: RankLayout, layout: ServeLayout, opt
         s = role.spec
         for inst in world.instances(s.role):
             port = layout.worker_port(index)
-            args = [("--backend", "tensorrt"), ("--tokenizer", r.model_source), ("--host", layout.host),
+            args = [("--backend", "tensorrt"), ("--tokenizer", str(served_tokenizer_dir(r.model_dir))),
+                    ("--host", layout.host),
                     ("--port", str(port)), ("--max_batch_size", str(s.max_batch_size)),
                     ("--max_num_tokens", str(s.max_num_tokens)), ("--max_seq_len", str(s.max_seq_len)),
                     ("--max_beam_width", str(s.max_beam_width)), ("--tp_size", str(s.tp_size)),
@@ -134,7 +136,7 @@ def render_serve_files(plan: BuildPlan, world: RankLayout, layout: ServeLayout, 
     ], router_config(workers, layout))
     lines = ["#!/usr/bin/env bash", f"# trtllm-serve disaggregated deployment of {r.model.name}. {stamp}",
              f"# KV transfer: {r.transceiver_backend} (cache_transceiver_config in prefill.yaml/decode.yaml).",
-             "set -euo pipefail", 'cd "$(dirname "$0")"',
+             "set -euo pipefail", 'cd "$(dirname "$0")"', *guard_lines("launch.sh", "../" + TOKENIZER_DIR),
              "# UCX for the KV transceiver (sources in trtpd/trtllm/serve_config.py UCX_ENV); on a multi-node NVLink",
              "# domain (GB200 NVL72) set UCX_CUDA_IPC_ENABLE_MNNVL=y instead."]
     require_valid(check_keys("env", UCX_ENV), "trtllm-serve launch environment")

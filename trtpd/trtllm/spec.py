@@ -184,7 +184,9 @@ def validate(r: BuildRequest) -> list[str]:
     warnings = []
     if not Path(r.model_source).is_dir():
         warnings.append(f"{r.model_source} is not a local folder: quantize.py/convert_checkpoint.py will fetch it "
-                        f"from the Hugging Face Hub; pass --hf-model /path/to/checkpoint to build offline")
+                        f"from the Hugging Face Hub; pass --hf-model /path/to/checkpoint to build offline. The "
+                        f"deploy folder's tokenizer/ is copied from the local Hugging Face cache that fetch fills "
+                        f"(or --tokenizer-dir): the servers download nothing")
     for s in r.roles:
         flag = f"--{s.role}"
         if m.num_kv_heads % s.tp_size or m.num_heads % s.tp_size:

@@ -14,7 +14,10 @@ from trtpd.lint import RULES, discover, lint_deployment
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     engines = tmp_path_factory.mktemp("engines")
-    assert main(["build", "--model", "llama-3.1-8b", "--no-fp8", "--configs-only", "--engines-dir", str(engines)]) == 0
+    tokenizer = tmp_path_factory.mktemp("checkpoint")
+    (tokenizer / "tokenizer.json").write_text("{}")       # copied into deploy/tokenizer, which the servers read
+    assert main(["build", "--model", "llama-3.1-8b", "--no-fp8", "--configs-only", "--engines-dir", str(engines),
+                 "--tokenizer-dir", str(tokenizer)]) == 0
     return engines / "llama-3.1-8b"
 
 
@@ -79,3 +82,13 @@ def test_serve_dir_alone_reads_decode_num_tokens_from_launch(tmp_path):
                                         "trtllm-serve e --max_num_tokens 256 --extra_llm_api_options ./decode.yaml &\n")
     findings = lint_deployment(DeploymentPaths(serve_dir=tmp_path), max_prompt_tokens=2048, check_ports_free=False)
     assert [f.rule for f in findings] == ["decode-num-tokens"]
+
+
+def test_lint_of_a_build_without_a_local_tokenizer_names_it(tmp_path, capsys, monkeypatch):
+    engines = tmp_path / "engines"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))
+    assert main(["build", "--model", "llama-3.1-8b", "--no-fp8", "--configs-only", "--engines-dir", str(engines)]) == 0
+    capsys.readouterr()
+    assert main(["lint", str(engines / "llama-3.1-8b"), "--no-port-check"]) == 1
+    out = capsys.readouterr().out
+    assert out.count("error: [tokenizer]") == 2 and "deploy/tokenizer/tokenizer.json does not exist" in out

@@ -135,6 +135,10 @@ CASES = {
                 lambda c: lint_serve_launch("export UCX_MEMTYPE_CACHE=${UCX_MEMTYPE_CACHE:-n}\n"
                                             "export UCX_CUDA_IPC_ENABLE_MNNVL=n\n", source="launch.sh")),
     "mpi-transfer-limits": (lambda c: c.repo(), lambda c: c.pair()),
+    "tokenizer": (lambda c: lint_serve_launch("trtllm-serve /e --tokenizer meta-llama/Llama-2-70b-hf --port 1 &\n",
+                                              source="l.sh"),
+                  lambda c: lint_serve_launch("trtllm-serve /e --tokenizer /e/deploy/tokenizer --port 1 &\n",
+                                              source="l.sh")),
     "transfer-timeout-scope": (
         lambda c: lint_serve_launch("trtllm-serve /e --backend tensorrt --port 8100 > p.log 2>&1 &\n", source="l.sh"),
         lambda c: lint_serve_launch("trtllm-serve /ckpt --backend pytorch --port 8100 > p.log 2>&1 &\n", source="l.sh")),
@@ -270,3 +274,14 @@ def test_kv_scales_of_planned_and_fp16_engines_are_not_required(make):
     fp16 = lint_engine_pair(make.manifest("prefill", kv_dtype="fp16", **two["prefill"]),
                             make.manifest("decode", kv_dtype="fp16", **two["decode"]))
     assert not [f for f in planned + fp16 if f.rule.startswith("kv-scales")]
+
+
+def test_written_repository_without_its_tokenizer_fails_the_deployment_lint(gpu_deploy, tmp_path):
+    from trtpd.lint.deployment import lint_tokenizer_dirs
+    work = tmp_path / "deploy"
+    shutil.copytree(gpu_deploy, work)
+    missing = lint_tokenizer_dirs(work / "model_repository")
+    assert [(f.rule, f.severity) for f in missing] == [("tokenizer", "error")] * 2
+    assert missing[0].message.endswith("/deploy/tokenizer/tokenizer.json does not exist")
+    tokenizer = Path(missing[0].message.split("/tokenizer.json")[0])
+    assert tokenizer.name == "tokenizer" and tokenizer.parent.name == "deploy"

@@ -159,7 +159,10 @@ def _examples(root: Path) -> str:
 def test_run_build_writes_engines_and_deploy(request_for, tmp_path, recipes):
     request = make_request("llama-2-70b", recipes, BuildOverrides(prefill_tp=2, decode_tp=4), engines_dir=tmp_path,
                            examples_dir=_examples(tmp_path / "examples"))
-    prepared = prepare(request)
+    tokenizer = tmp_path / "checkpoint"                           # (test_tokenizer_files.py: from the hub cache)
+    tokenizer.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    prepared = prepare(request, tokenizer_dir=str(tokenizer))
     manifests = run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8),
                           runner=FakeRunner())
     assert [m.status for m in manifests] == ["complete", "complete"]
@@ -168,6 +171,7 @@ def test_run_build_writes_engines_and_deploy(request_for, tmp_path, recipes):
     assert (deploy / "model_repository" / "decode" / "config.pbtxt").is_file()
     assert (deploy / "python" / "trtpd" / "serving" / "bls_model.py").is_file()
     assert not list((deploy / "python").rglob("__pycache__"))
+    assert (deploy / "tokenizer" / "tokenizer.json").read_text() == "{}"
 
 
 def test_run_build_refuses_missing_examples_before_running_anything(request_for, tmp_path):

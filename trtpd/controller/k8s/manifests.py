@@ -75,7 +75,8 @@ class K8sFleet:
     """Everything about one trtpd deployment on Kubernetes that does not change between revisions."""
 
     name: str
-    model_path: str                 # checkpoint folder with the tokenizer, inside the engines mount
+    model_path: str                 # folder with the tokenizer inside the engines mount, e.g. engines/<model>/deploy/
+                                    # tokenizer (trtpd build copies it there; trtllm/tokenizer_files.py)
     engines: EnginesVolume
     kv_key: bytes                   # the deployment key (trtpd/kv/handle.py), stored as a Secret
     gateway_image: str              # an image with trtpd installed (the TensorRT-LLM containers have none)

@@ -24,6 +24,10 @@ export TRTLLM_ORCHESTRATOR=1
 export TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0
 export TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE=260MB
 DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ ! -f "$DEPLOY_DIR/tokenizer/tokenizer.json" ]; then
+  echo "launch_triton.sh: $DEPLOY_DIR/tokenizer/tokenizer.json is missing: the servers read the tokenizer from there and download nothing; rerun trtpd build --configs-only --force --tokenizer-dir /path/to/checkpoint" >&2
+  exit 1
+fi
 # The python models (preprocessing, postprocessing, disagg_bls) import trtpd.serving, which neither container
 # has: a trtpd-deploy.pth in the site-packages of the python3 on PATH (the one the python-backend stub uses; it
 # ignores PYTHONPATH) puts this folder's copy, python/, on its sys.path.

@@ -16,7 +16,6 @@ exec docker run --rm \
     -p "${BIND}:8001:8001" \
     -p "${BIND}:8002:8002" \
     -v /srv/trtpd/engines/llama-2-70b:/srv/trtpd/engines/llama-2-70b \
-    -v "${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface" \
     nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 \
     bash \
     /srv/trtpd/engines/llama-2-70b/deploy/launch_triton.sh

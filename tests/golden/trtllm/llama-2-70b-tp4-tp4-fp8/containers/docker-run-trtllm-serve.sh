@@ -11,7 +11,6 @@ exec docker run --rm \
     --ulimit stack=67108864 \
     --network host \
     -v /srv/trtpd/engines/llama-2-70b:/srv/trtpd/engines/llama-2-70b \
-    -v "${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface" \
     nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 \
     bash \
     /srv/trtpd/engines/llama-2-70b/deploy/trtllm-serve/launch.sh

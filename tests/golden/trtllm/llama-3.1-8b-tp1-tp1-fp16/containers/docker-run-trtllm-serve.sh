@@ -11,7 +11,6 @@ exec docker run --rm \
     --ulimit stack=67108864 \
     --network host \
     -v /srv/trtpd/engines/llama-3.1-8b:/srv/trtpd/engines/llama-3.1-8b \
-    -v "${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface" \
     nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 \
     bash \
     /srv/trtpd/engines/llama-3.1-8b/deploy/trtllm-serve/launch.sh

@@ -3,11 +3,15 @@
 # KV transfer: UCX (cache_transceiver_config in prefill.yaml/decode.yaml).
 set -euo pipefail
 cd "$(dirname "$0")"
+if [ ! -f "../tokenizer/tokenizer.json" ]; then
+  echo "launch.sh: ../tokenizer/tokenizer.json is missing: the servers read the tokenizer from there and download nothing; rerun trtpd build --configs-only --force --tokenizer-dir /path/to/checkpoint" >&2
+  exit 1
+fi
 # UCX for the KV transceiver (sources in trtpd/trtllm/serve_config.py UCX_ENV); on a multi-node NVLink
 # domain (GB200 NVL72) set UCX_CUDA_IPC_ENABLE_MNNVL=y instead.
 export UCX_MEMTYPE_CACHE=${UCX_MEMTYPE_CACHE:-n}
 export UCX_CUDA_IPC_ENABLE_MNNVL=${UCX_CUDA_IPC_ENABLE_MNNVL:-n}
 export UCX_RNDV_SCHEME=${UCX_RNDV_SCHEME:-put_zcopy}
-CUDA_VISIBLE_DEVICES=0 trtllm-serve /srv/trtpd/engines/llama-3.1-8b/prefill-tp1 --backend tensorrt --tokenizer meta-llama/Llama-3.1-8B --host localhost --port 8100 --max_batch_size 4 --max_num_tokens 8192 --max_seq_len 2560 --max_beam_width 1 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options ./prefill.yaml > prefill-0.log 2>&1 &
-CUDA_VISIBLE_DEVICES=1 trtllm-serve /srv/trtpd/engines/llama-3.1-8b/decode-tp1 --backend tensorrt --tokenizer meta-llama/Llama-3.1-8B --host localhost --port 8101 --max_batch_size 256 --max_num_tokens 256 --max_seq_len 2560 --max_beam_width 1 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options ./decode.yaml > decode-0.log 2>&1 &
+CUDA_VISIBLE_DEVICES=0 trtllm-serve /srv/trtpd/engines/llama-3.1-8b/prefill-tp1 --backend tensorrt --tokenizer /srv/trtpd/engines/llama-3.1-8b/deploy/tokenizer --host localhost --port 8100 --max_batch_size 4 --max_num_tokens 8192 --max_seq_len 2560 --max_beam_width 1 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options ./prefill.yaml > prefill-0.log 2>&1 &
+CUDA_VISIBLE_DEVICES=1 trtllm-serve /srv/trtpd/engines/llama-3.1-8b/decode-tp1 --backend tensorrt --tokenizer /srv/trtpd/engines/llama-3.1-8b/deploy/tokenizer --host localhost --port 8101 --max_batch_size 256 --max_num_tokens 256 --max_seq_len 2560 --max_beam_width 1 --tp_size 1 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options ./decode.yaml > decode-0.log 2>&1 &
 exec trtllm-serve disaggregated -c disagg.yaml -t 900 -r 180
