@@ -17,6 +17,7 @@ from trtpd.trtllm.plan import BuildPlan, plan_build
 from trtpd.trtllm.report import format_plan
 from trtpd.trtllm.serve_config import ServeLayout
 from trtpd.trtllm.spec import BuildRequest
+from trtpd.trtllm.tokenizer_files import missing_message, tokenizer_source
 from trtpd.errors import ConfigError
 from trtpd.lint.findings import Finding, errors
 
@@ -66,6 +67,17 @@ def write_configs(prepared: PreparedBuild, *, force: bool, templates: Path | Non
     return deploy_dir
 
 
+def require_tokenizer_reachable(prepared: PreparedBuild) -> None:
+    """Before any step: the deploy folder's tokenizer must be local now, or come with the build. quantize.py loads
+    the model's tokenizer (quantize_by_modelopt.py quantize_and_export -> get_tokenizer ->
+    AutoTokenizer.from_pretrained, NVIDIA/TensorRT-LLM@042c510), which puts it in the Hugging Face cache;
+    convert_checkpoint.py (no FP8) is not known to, so without quantize.py it must be local from the start."""
+    source = prepared.deploy.tokenizer_source
+    folder, looked = tokenizer_source(source)
+    if folder is None and not any(s.name == "quantize" for s in prepared.plan.unique_steps()):
+        raise ConfigError(missing_message(source, looked))
+
+
 def run_build(prepared: PreparedBuild, *, report: Report, runner: Runner | None = None,
               environment: BuildEnvironment | None = None, force: bool = False,
               templates: Path | None = None) -> list[EngineManifest]:
@@ -75,6 +87,7 @@ def run_build(prepared: PreparedBuild, *, report: Report, runner: Runner | None 
     require_runnable(env, max(s.gpus_per_instance for s in request.roles))
     scripts = sorted({role.checkpoint_step.program[-1] for role in prepared.plan.roles})
     require_examples(prepared.deploy.container, request.examples_dir, scripts)
+    require_tokenizer_reachable(prepared)
     versions = {"tensorrt_llm_installed": env.trtllm_version or "none"}
     if env.gpu_names:
         versions["gpu"] = env.gpu_names[0]

@@ -8,8 +8,10 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
+from safetensors.numpy import save_file
 
 from trtpd.engine.text_tokenizers import load_text_tokenizer
 from trtpd.engine.tokenizer import Tokenizer
@@ -131,12 +133,26 @@ def test_configs_only_without_a_local_tokenizer_writes_launch_scripts_that_stop_
 
 
 class WritesOutputs:
-    """Each command 'succeeds' and leaves a file in its --output_dir (what test_execute.FakeRunner does, minimally)."""
+    """Each command 'succeeds' and leaves its files in --output_dir (test_execute.FakeRunner, minimally)."""
+
+    def __init__(self, on_quantize=None):
+        self.calls: list[list[str]] = []
+        self.on_quantize = on_quantize
 
     def run(self, argv, env, log_path: Path, on_line) -> int:
+        self.calls.append(argv)
         out = Path(argv[argv.index("--output_dir") + 1])
         out.mkdir(parents=True, exist_ok=True)
-        (out / "rank0.bin").write_bytes(b"x")
+        if argv[0] == "python3" and argv[1].endswith("quantize.py"):
+            tp = int(argv[argv.index("--tp_size") + 1])
+            for rank in range(tp):
+                save_file({"transformer.layers.0.attention.kv_cache_scaling_factor": np.array([0.5], np.float32)},
+                          str(out / f"rank{rank}.safetensors"))
+            if self.on_quantize:
+                self.on_quantize()
+                self.on_quantize = None
+        else:
+            (out / "rank0.bin").write_bytes(b"x")
         return 0
 
 
@@ -146,12 +162,26 @@ def test_a_real_build_without_a_local_tokenizer_is_refused_naming_the_fix(recipe
     (examples / "models/core/llama/convert_checkpoint.py").write_text("")
     prepared = prepare(make_request("llama-3.1-8b", recipes, BuildOverrides(fp8=False), engines_dir=tmp_path,
                                     examples_dir=str(examples)))
+    runner = WritesOutputs()
     with pytest.raises(ConfigError, match=rf"tokenizer for {HUB_ID}: no tokenizer.json in the Hugging Face cache "
                                           rf"{hub_cache} \(entry models--meta-llama--Llama-3.1-8B\).*"
                                           rf"--tokenizer-dir .*hf download {HUB_ID} tokenizer.json"):
         run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8),
-                  runner=WritesOutputs())
-    assert not (tmp_path / "llama-3.1-8b" / "deploy").exists()
+                  runner=runner)
+    assert runner.calls == []                   # convert_checkpoint.py fetches no tokenizer: refused before it runs
+    assert not (tmp_path / "llama-3.1-8b").exists()
+
+
+def test_an_fp8_build_copies_the_tokenizer_quantize_py_cached(recipes, hub_cache, tmp_path):
+    """quantize.py loads the hub model's tokenizer (AutoTokenizer.from_pretrained), which fills the cache."""
+    examples = tmp_path / "examples"
+    (examples / "quantization").mkdir(parents=True)
+    (examples / "quantization/quantize.py").write_text("")
+    prepared = prepare(make_request("llama-3.1-8b", recipes, BuildOverrides(), engines_dir=tmp_path / "engines",
+                                    examples_dir=str(examples)))
+    runner = WritesOutputs(on_quantize=lambda: fake_hub_cache(hub_cache))
+    run_build(prepared, report=lambda _: None, environment=BuildEnvironment("1.2.1", ["H100"] * 8), runner=runner)
+    assert (tmp_path / "engines" / "llama-3.1-8b" / "deploy" / "tokenizer" / "tokenizer.json").is_file()
 
 
 def test_write_deploy_keeps_an_old_folder_when_the_tokenizer_is_required_and_missing(request_for, hub_cache,
