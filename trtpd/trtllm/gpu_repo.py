@@ -31,6 +31,9 @@ def role_parameters(plan: BuildPlan, role: RolePlan, world: RankLayout) -> dict[
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": str(role.engine_dir),
         "max_beam_width": str(s.max_beam_width),
+        # s.kv_cache_max_tokens (a cap the trtllm-serve path emits as kv_cache_config.max_tokens) would be the
+        # backend's max_tokens_in_paged_kv_cache (getKvCacheConfigFromParams), but triton_models/tensorrtllm/
+        # config.pbtxt.tmpl has no such parameter yet, so the fraction alone sizes the pool here.
         "kv_cache_free_gpu_mem_fraction": f"{s.kv_cache_free_gpu_mem_fraction:g}",
         "kv_cache_onboard_blocks": "true",
         "enable_kv_cache_reuse": _bool(s.enable_kv_cache_reuse),

@@ -180,6 +180,8 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("llm-api-options", "kv_cache_config.free_gpu_memory_fraction", "float", None, "0.9", _LLMARGS,
                  min_value=0),
     TrtllmOption("llm-api-options", "kv_cache_config.dtype", "enum", ("auto",), "auto", _LLMARGS),
+    # "If both max_tokens and free_gpu_memory_fraction are specified, memory corresponding to the minimum will be used"
+    TrtllmOption("llm-api-options", "kv_cache_config.max_tokens", "int", None, None, _LLMARGS, min_value=1),
     TrtllmOption("llm-api-options", "enable_chunked_prefill", "bool", ("true", "false"), "false", _LLMARGS),
     TrtllmOption("llm-api-options", "extended_runtime_perf_knob_config.multi_block_mode", "bool",
                  ("true", "false"), "true", _LLMARGS),

@@ -7,7 +7,7 @@ validates them, naming the file and key at fault.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,14 +39,15 @@ class CommonRecipe(_Strict):
 class RoleRecipe(_Strict):
     tp_size: int | Literal["auto"] = "auto"
     pp_size: int = Field(default=1, gt=0)
-    max_batch_size: int = Field(gt=0)
+    max_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"]
     max_num_tokens: int = Field(gt=0)
     kv_cache_free_gpu_mem_fraction: float = Field(gt=0, le=1)
+    kv_cache_max_tokens: Annotated[int, Field(gt=0)] | Literal["batch", "none"] = "none"
     enable_kv_cache_reuse: bool
     batch_scheduler_policy: Literal["guaranteed_no_evict", "max_utilization"] = "guaranteed_no_evict"
     enable_chunked_context: bool | Literal["auto"] = "auto"
     cuda_graph_mode: bool = False
-    cuda_graph_cache_size: int = Field(default=0, ge=0)
+    cuda_graph_cache_size: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
     multi_block_mode: bool = True
     max_queue_delay_microseconds: int = Field(default=0, ge=0)
     max_queue_size: int = Field(default=0, ge=0)

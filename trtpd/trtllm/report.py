@@ -17,6 +17,16 @@ def describe_precision(plan: BuildPlan) -> str:
     return "FP8 weights + FP8 KV cache" if r.fp8 else f"{r.weights_dtype} weights + {r.kv_dtype.value} KV cache"
 
 
+def _kv_pool(s) -> str:
+    text = f"{s.role} kv_cache_free_gpu_mem_fraction {s.kv_cache_free_gpu_mem_fraction:g}"
+    if s.kv_cache_max_tokens is not None:
+        text += (f" and at most {s.kv_cache_max_tokens} tokens (max_batch_size x max_seq_len; trtllm-serve "
+                 f"kv_cache_config.max_tokens, the Triton path has the fraction alone)")
+    if s.cuda_graph_mode:
+        text += f", {s.cuda_graph_cache_size} CUDA graphs cached"
+    return text
+
+
 def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) -> str:
     r = plan.request
     lines = [f"trtpd build plan: {r.model.name} for TensorRT-LLM {PINNED.tensorrt_llm} (Triton {PINNED.triton_container}), "
@@ -27,6 +37,7 @@ def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) ->
         lines.append(f"  {s.role + ':':8} TP{s.tp_size} PP{s.pp_size} x{s.instances}, max_batch_size {s.max_batch_size}, "
                      f"max_num_tokens {s.max_num_tokens}, max_input_len {s.max_input_len}, "
                      f"max_seq_len {s.max_seq_len} -> {role.engine_dir}")
+    lines.append("  KV pool: " + "; ".join(_kv_pool(s) for s in r.roles))
     w = deploy.world
     lines.append(f"  MPI world (Triton tensorrtllm backend): {w.world_size} ranks = 1 orchestrator + "
                  + " + ".join(f"{sum(len(i.ranks) for i in w.instances(s.role))} {s.role}" for s in r.roles)

@@ -69,6 +69,8 @@ def role_llm_options(plan: BuildPlan, role: RolePlan) -> dict:
                                      "kv_transfer_timeout_ms": r.kv_transfer_timeout_ms},
         "enable_chunked_prefill": s.enable_chunked_context,
     }
+    if s.kv_cache_max_tokens is not None:      # the smaller of this and the fraction (recipes/tensorrtllm/decode.yaml)
+        options["kv_cache_config"]["max_tokens"] = s.kv_cache_max_tokens
     if s.cuda_graph_mode:
         options["extended_runtime_perf_knob_config"] = {"cuda_graph_mode": True,
                                                         "cuda_graph_cache_size": s.cuda_graph_cache_size,

@@ -6,6 +6,7 @@ so bad input leaves nothing behind.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -15,6 +16,30 @@ from trtpd.errors import ConfigError
 
 MAX_RECOMMENDED_NUM_TOKENS = 16384      # trtllm-build warns above this (builder.check_max_num_tokens)
 GIB = 1024 ** 3
+
+# Sizes a recipe may leave to trtpd ("auto"/"batch"); the reasoning is in recipes/tensorrtllm/*.yaml.
+MAX_PREFILL_BATCH_SIZE = 256            # the planner's cap on a prefill batch too (planner/candidates.py)
+CUDA_GRAPH_MIB = 10                     # upper end of "one graph is 4-10MB of GPU memory" (TensorRT-LLM
+                                        # batch_manager/trtGptModelInflightBatching.cpp, where the cache is made)
+CUDA_GRAPH_BUDGET_MIB = 640             # trtpd's budget for captured decode graphs, per runtime buffer
+
+
+def auto_prefill_batch_size(max_num_tokens: int, tokens_per_block: int) -> int:
+    """So that the token budget, not the request count, ends a context batch for any prompt of a KV block or more."""
+    return max(1, min(MAX_PREFILL_BATCH_SIZE, max_num_tokens // tokens_per_block))
+
+
+def auto_cuda_graph_cache_size(max_batch_size: int) -> int:
+    """Graphs within CUDA_GRAPH_BUDGET_MIB; the runtime keeps at most max_batch_size anyway (min(maxBatchSize,
+    cudaGraphCacheSize) in trtGptModelInflightBatching.cpp)."""
+    return min(max_batch_size, CUDA_GRAPH_BUDGET_MIB // CUDA_GRAPH_MIB)
+
+
+def batch_kv_tokens(max_batch_size: int, max_seq_len: int, tokens_per_block: int) -> int:
+    """The most KV that guaranteed_no_evict ever reserves: each of max_batch_size requests reserves at most
+    ceil(max_seq_len / tokens_per_block) blocks (KVCacheManager::getRemainingBlocksToCompletion reserves
+    ceil(min(prompt + max_new_tokens, window) / tokens_per_block))."""
+    return max_batch_size * math.ceil(max_seq_len / tokens_per_block) * tokens_per_block
 
 
 @dataclass(frozen=True)
@@ -28,6 +53,7 @@ class EngineRoleSpec:
     max_seq_len: int
     max_beam_width: int
     kv_cache_free_gpu_mem_fraction: float
+    kv_cache_max_tokens: int | None         # None: the fraction alone sizes the KV pool
     enable_kv_cache_reuse: bool
     batch_scheduler_policy: str
     enable_chunked_context: bool
@@ -118,7 +144,7 @@ def _pick(override, recipe_value):
 
 
 def _role_spec(role: str, recipe: RoleRecipe, o: BuildOverrides, spec: ModelSpec, fp8: bool,
-               max_input_len: int, max_output_len: int, gpu_memory_gib: float) -> EngineRoleSpec:
+               max_input_len: int, max_output_len: int, gpu_memory_gib: float, tokens_per_block: int) -> EngineRoleSpec:
     tp = _pick(getattr(o, f"{role}_tp"), recipe.tp_size)
     if tp == "auto":
         tp = auto_tp(spec, 1.0 if fp8 else 2.0, gpu_memory_gib)
@@ -126,14 +152,23 @@ def _role_spec(role: str, recipe: RoleRecipe, o: BuildOverrides, spec: ModelSpec
     chunked = recipe.enable_chunked_context
     if chunked == "auto":
         chunked = num_tokens < max_input_len
+    batch = _pick(getattr(o, f"{role}_max_batch_size"), recipe.max_batch_size)
+    if batch == "auto":
+        batch = auto_prefill_batch_size(num_tokens, tokens_per_block)
+    graphs = recipe.cuda_graph_cache_size
+    if graphs == "auto":
+        graphs = auto_cuda_graph_cache_size(batch) if recipe.cuda_graph_mode else 0
+    max_seq_len = max_input_len + max_output_len
+    kv_tokens = {"none": None, "batch": batch_kv_tokens(batch, max_seq_len, tokens_per_block)}.get(
+        recipe.kv_cache_max_tokens, recipe.kv_cache_max_tokens)
     return EngineRoleSpec(
         role=role, tp_size=tp, pp_size=_pick(getattr(o, f"{role}_pp"), recipe.pp_size),
-        max_batch_size=_pick(getattr(o, f"{role}_max_batch_size"), recipe.max_batch_size),
-        max_num_tokens=num_tokens, max_input_len=max_input_len, max_seq_len=max_input_len + max_output_len,
+        max_batch_size=batch, max_num_tokens=num_tokens, max_input_len=max_input_len, max_seq_len=max_seq_len,
         max_beam_width=1, kv_cache_free_gpu_mem_fraction=recipe.kv_cache_free_gpu_mem_fraction,
+        kv_cache_max_tokens=kv_tokens,
         enable_kv_cache_reuse=recipe.enable_kv_cache_reuse, batch_scheduler_policy=recipe.batch_scheduler_policy,
         enable_chunked_context=chunked, cuda_graph_mode=recipe.cuda_graph_mode,
-        cuda_graph_cache_size=recipe.cuda_graph_cache_size, multi_block_mode=recipe.multi_block_mode,
+        cuda_graph_cache_size=graphs, multi_block_mode=recipe.multi_block_mode,
         max_queue_delay_microseconds=recipe.max_queue_delay_microseconds, max_queue_size=recipe.max_queue_size,
         instances=_pick(getattr(o, f"{role}_instances"), recipe.instances))
 
@@ -154,11 +189,12 @@ def make_request(model: str, recipes: Recipes, overrides: BuildOverrides | None 
     fp8 = _pick(o.fp8, c.fp8)
     max_input_len = _pick(o.max_input_len, c.max_input_len)
     max_output_len = _pick(o.max_output_len, c.max_output_len)
-    roles = {r: _role_spec(r, recipes.role(r), o, spec, fp8, max_input_len, max_output_len, gpu_memory_gib)
-             for r in ("prefill", "decode")}
+    tokens_per_block = _pick(o.tokens_per_block, c.tokens_per_block)
+    roles = {r: _role_spec(r, recipes.role(r), o, spec, fp8, max_input_len, max_output_len, gpu_memory_gib,
+                           tokens_per_block) for r in ("prefill", "decode")}
     request = BuildRequest(
         model=spec, model_source=str(source), fp8=fp8, weights_dtype=_pick(o.weights_dtype, c.weights_dtype),
-        tokens_per_block=_pick(o.tokens_per_block, c.tokens_per_block), max_input_len=max_input_len,
+        tokens_per_block=tokens_per_block, max_input_len=max_input_len,
         max_output_len=max_output_len, calib_size=c.calib_size, build_flags=dict(c.trtllm_build_flags),
         transceiver_backend=_pick(o.transceiver_backend, c.transceiver_backend).upper(),
         kv_transfer_timeout_ms=_pick(o.kv_transfer_timeout_ms, c.kv_transfer_timeout_ms), decoupled=c.decoupled,

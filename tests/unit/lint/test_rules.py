@@ -120,7 +120,7 @@ CASES = {
                      lambda c: c.repo()),
     "model-name-folder": (lambda c: c.repo([("decode", 'name: "decode"', 'name: "generation"')]),
                           lambda c: c.repo()),
-    "model-config": (lambda c: c.repo([("prefill", "max_batch_size: 4", "max_batch_size: four")]),
+    "model-config": (lambda c: c.repo([("prefill", "max_batch_size: 256", "max_batch_size: many")]),
                      lambda c: c.repo()),
     "ports": (_ports_fire, lambda c: lint_ports({"http": 18000, "grpc": 18001}, check_free=False)),
     "backend-parameters": (lambda c: c.repo([("decode", 'key: "tokenizer_dir"', 'key: "tokenizer_path"')]),

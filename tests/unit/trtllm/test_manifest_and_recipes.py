@@ -41,7 +41,8 @@ def test_recipes_load_and_share_the_pair_invariants():
     r = load_recipes()
     assert r.common.tokens_per_block == 32 and r.common.max_beam_width == 1 and r.common.fp8
     assert r.prefill.enable_kv_cache_reuse is False
-    assert r.prefill.max_batch_size < r.decode.max_batch_size
+    assert r.prefill.max_batch_size == "auto" and r.decode.cuda_graph_cache_size == "auto"
+    assert (r.prefill.kv_cache_max_tokens, r.decode.kv_cache_max_tokens) == ("none", "batch")
     assert r.prefill.max_num_tokens >= r.common.max_input_len
     assert r.decode.cuda_graph_mode and not r.prefill.cuda_graph_mode
 
@@ -61,5 +62,6 @@ def test_bad_recipe_names_file_and_key(tmp_path):
     for name in ("common", "prefill", "decode"):
         (tmp_path / f"{name}.yaml").write_text((recipes_dir() / f"{name}.yaml").read_text())
     (tmp_path / "decode.yaml").write_text("max_batch_size: 0\n")
-    with pytest.raises(ConfigError, match=r"decode.yaml: invalid content\n  max_batch_size: "):
+    with pytest.raises(ConfigError,
+                       match=r"decode.yaml: invalid content\n  max_batch_size\S*: Input should be greater than 0"):
         load_recipes(tmp_path)

@@ -46,7 +46,7 @@ def test_fp8_off_converts_without_quantization(request_for):
 def test_role_tuned_sizes_and_shared_invariants(request_for):
     plan = plan_build(request_for(prefill_tp=2, decode_tp=4))
     p, d = args_of(plan.prefill.build_step), args_of(plan.decode.build_step)
-    assert int(p["--max_batch_size"]) < int(d["--max_batch_size"])
+    assert int(p["--max_batch_size"]) * 32 == int(p["--max_num_tokens"])   # the token budget ends a batch
     assert int(p["--max_num_tokens"]) >= int(p["--max_input_len"])          # whole prompt in one pass
     assert int(d["--max_num_tokens"]) == int(d["--max_batch_size"])         # ~ one token per request
     for key in ("--tokens_per_block", "--max_input_len", "--max_seq_len"):

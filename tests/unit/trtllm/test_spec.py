@@ -85,3 +85,40 @@ def test_auto_tp_sizes_by_weight_bytes():
 def test_decode_chunked_context_follows_the_token_budget(request_for):
     assert request_for(prefill_tp=4, decode_tp=4).decode.enable_chunked_context is True
     assert request_for(prefill_tp=4, decode_tp=4, decode_max_num_tokens=2048).decode.enable_chunked_context is False
+
+
+def test_prefill_batch_is_sized_so_the_token_budget_ends_a_batch(request_for):
+    """The recipe's `auto`: max_num_tokens / tokens_per_block, at most 256 (the planner's cap)."""
+    assert request_for().prefill.max_batch_size == 256                           # 8192 / 32
+    assert request_for(prefill_max_num_tokens=4096).prefill.max_batch_size == 128
+    assert request_for(prefill_max_num_tokens=16384).prefill.max_batch_size == 256  # capped
+    assert request_for(tokens_per_block=64).prefill.max_batch_size == 128
+    assert request_for(prefill_max_batch_size=8).prefill.max_batch_size == 8      # a flag or a plan wins
+
+
+def test_decode_kv_pool_is_capped_at_what_its_batch_can_reserve(request_for):
+    r = request_for(prefill_tp=2, decode_tp=4)
+    assert r.decode.kv_cache_max_tokens == 256 * 2560 and r.prefill.kv_cache_max_tokens is None
+    assert request_for(decode_max_batch_size=64, max_output_len=500).decode.kv_cache_max_tokens == 64 * 2560
+    # 2548 tokens round up to 80 blocks of 32: a request reserves whole blocks
+
+
+def test_decode_cuda_graph_cache_fits_its_budget(request_for):
+    assert (request_for().decode.cuda_graph_cache_size, request_for().prefill.cuda_graph_cache_size) == (64, 0)
+    assert request_for(decode_max_batch_size=16, decode_max_num_tokens=256).decode.cuda_graph_cache_size == 16
+
+
+def test_sizes_reach_both_serving_paths(request_for):
+    from trtpd.trtllm.gpu_repo import role_parameters
+    from trtpd.trtllm.mpi_world import plan_mpi_world
+    from trtpd.trtllm.plan import plan_build
+    from trtpd.trtllm.serve_config import role_llm_options
+    plan = plan_build(request_for(prefill_tp=2, decode_tp=4))
+    decode = role_llm_options(plan, plan.decode)
+    assert decode["kv_cache_config"] == {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.85,
+                                         "max_tokens": 655360}
+    assert decode["extended_runtime_perf_knob_config"]["cuda_graph_cache_size"] == 64
+    assert "max_tokens" not in role_llm_options(plan, plan.prefill)["kv_cache_config"]
+    params = role_parameters(plan, plan.decode, plan_mpi_world(plan.request))
+    assert params["cuda_graph_cache_size"] == "64"
+    assert "max_tokens_in_paged_kv_cache" not in params          # the Triton template has no such parameter yet

@@ -12,6 +12,6 @@ fi
 export UCX_MEMTYPE_CACHE=${UCX_MEMTYPE_CACHE:-n}
 export UCX_CUDA_IPC_ENABLE_MNNVL=${UCX_CUDA_IPC_ENABLE_MNNVL:-n}
 export UCX_RNDV_SCHEME=${UCX_RNDV_SCHEME:-put_zcopy}
-CUDA_VISIBLE_DEVICES=0,1,2,3 trtllm-serve /srv/trtpd/engines/llama-2-70b/prefill-tp4 --backend tensorrt --tokenizer /srv/trtpd/engines/llama-2-70b/deploy/tokenizer --host localhost --port 8100 --max_batch_size 4 --max_num_tokens 8192 --max_seq_len 2560 --max_beam_width 1 --tp_size 4 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options ./prefill.yaml > prefill-0.log 2>&1 &
+CUDA_VISIBLE_DEVICES=0,1,2,3 trtllm-serve /srv/trtpd/engines/llama-2-70b/prefill-tp4 --backend tensorrt --tokenizer /srv/trtpd/engines/llama-2-70b/deploy/tokenizer --host localhost --port 8100 --max_batch_size 256 --max_num_tokens 8192 --max_seq_len 2560 --max_beam_width 1 --tp_size 4 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options ./prefill.yaml > prefill-0.log 2>&1 &
 CUDA_VISIBLE_DEVICES=4,5,6,7 trtllm-serve /srv/trtpd/engines/llama-2-70b/decode-tp4 --backend tensorrt --tokenizer /srv/trtpd/engines/llama-2-70b/deploy/tokenizer --host localhost --port 8101 --max_batch_size 256 --max_num_tokens 256 --max_seq_len 2560 --max_beam_width 1 --tp_size 4 --pp_size 1 --kv_cache_free_gpu_memory_fraction 0.85 --extra_llm_api_options ./decode.yaml > decode-0.log 2>&1 &
 exec trtllm-serve disaggregated -c disagg.yaml -t 900 -r 180
