@@ -77,12 +77,11 @@ class Orchestrator:
         """`cohort`: the revision serving this request and the instances it must not use (another
         revision's, during a canary); read again whenever a pick finds nothing."""
         cohort = cohort or Cohort()
+        steps = (self._colocated if self.mode == "colocated" else self._disaggregated)(
+            request_id, prompt_ids, sampling, cohort)
         try:
-            if self.mode == "colocated":
-                async for out in self._colocated(request_id, prompt_ids, sampling, cohort):
-                    yield out
-            else:
-                async for out in self._disaggregated(request_id, prompt_ids, sampling, cohort):
+            async with aclosing(steps):   # closed with this generator: its sub-request streams close at once
+                async for out in steps:
                     yield out
         finally:
             self.router.release(request_id)

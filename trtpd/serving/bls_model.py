@@ -1,8 +1,6 @@
-"""Triton python model `disagg_bls`: the entry in front of the role models.
+"""Triton python model `disagg_bls`: the single server's orchestrator in front of its role models.
 
-Each request runs on its own thread through the one orchestrator (trtpd/orchestration/, by its blocking face),
-whose transport here is BLS to this server's role models (stub_transport.py; the client's tensors forwarded
-unchanged). Disaggregated mode, one sub-request at a time:
+Disaggregated mode, per request (on its own thread, one sub-request at a time):
 1. send the request to the prefill model with request_type=context_only;
 2. send a generation_only request with the returned context_phase_params to the decode model and
    forward its streamed tokens.
@@ -27,16 +25,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtpd.engine.request import ends_with
-from trtpd.orchestration.blocking import BlockingSteps, LockedRouter
-from trtpd.orchestration.orchestrator import Orchestrator, OrchestratorError
-from trtpd.orchestration.transport import SamplingInputs
 from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
 from trtpd.perf_outputs import perf_to_tensors
-from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 from trtpd.serving.admission import Admission, Overloaded, Slot
-from trtpd.serving.pb import error_response, model_parameters, tensor
+from trtpd.serving.pb import error_response, kind_of, model_parameters, tensor
 from trtpd.serving.request_parsing import parse_word_list
-from trtpd.serving.stub_transport import ROLE_OUTPUTS, StubRouting, StubTransport
 from trtpd.serving.stub_watch import StubWatch
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -46,6 +39,7 @@ FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temp
              "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list", "bad_words_list",
              "return_generation_logits", "len_penalty", "repetition_penalty", "presence_penalty",
              "frequency_penalty", "pad_id", "embedding_bias")
+ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params"]
 DEFAULT_MAX_INFLIGHT = 24
 DEFAULT_MAX_QUEUED = 1000
 
@@ -56,9 +50,20 @@ class BlsError(Exception):
         self.kind = kind
 
 
+def _outputs(response) -> dict[str, np.ndarray]:
+    if response.has_error():
+        raise BlsError(response.error().message(), kind_of(response.error()))   # the role model's own code
+    return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+
 def _auth_key(key_file: str) -> bytes | None:
     from trtpd.kv.handle import load_or_create_key_file
     return load_or_create_key_file(key_file) if key_file else None
+
+
+def _tokens(outputs: dict) -> list[int]:
+    ids = outputs.get("output_ids")
+    return [] if ids is None else [int(t) for t in ids.reshape(-1)]
 
 
 class _Job:
@@ -165,21 +170,13 @@ class DisaggBls:
         self.auth_key = _auth_key(params.get("kv_key_file", ""))   # None: role models that check nothing (GPU)
         # TensorRT-LLM role models have no perf outputs; ask only for what the role models declare
         extra = [n for n in params.get("perf_outputs", "").split(",") if n]
-        self.stub_routing = StubRouting(self.kv_transfer, self.auth_key, tuple(ROLE_OUTPUTS + extra))
+        self.requested_outputs = ROLE_OUTPUTS + extra
         if self.mode not in ("disaggregated", "colocated"):
             raise ValueError(f"disagg_bls: parameter mode={self.mode!r}; use disaggregated or colocated")
         if self.kv_transfer not in ("layerwise", "after_prefill"):
             raise ValueError(f"disagg_bls: parameter kv_transfer={self.kv_transfer!r}; use layerwise or after_prefill")
         if set(extra) - set(PERF_NAMES):
             raise ValueError(f"disagg_bls: unknown perf_outputs {sorted(set(extra) - set(PERF_NAMES))}")
-        # the one orchestrator's routing core over this server's role models (one each): it decides retries and
-        # give-ups as it does for a fleet, shared by the request threads under a lock
-        if self.mode == "colocated":
-            self.views = [InstanceView(self.colocated_model, "colocated")]
-        else:
-            self.views = [InstanceView(self.context_model, "prefill"), InstanceView(self.generation_model, "decode")]
-        self.role_models = [v.name for v in self.views]
-        self.router = LockedRouter(Router(RoutingPolicy()))
         # fewer in-flight sub-requests than the python backend's 32 pool threads (see admission.py)
         self.admission = Admission(int(params.get("max_inflight_requests") or DEFAULT_MAX_INFLIGHT),
                                    int(params.get("max_queued_requests") or DEFAULT_MAX_QUEUED))
@@ -217,6 +214,20 @@ class DisaggBls:
             threading.Thread(target=self._serve, args=(request,), daemon=True).start()
         return None
 
+    def _sub_request(self, job: _Job, model: str, params: dict, extra: list) -> object:
+        """Every sub-request streams, whatever the client asked (upstream 1.2.1's BLS forwards the client's flag):
+        tokens are relayed as they come, a client that left is noticed between tokens, and a non-streaming client
+        still gets one response with every token. The context request's single response is the same either way."""
+        if self.auth_key is not None:   # proves to the role model that the orchestrator sent it (kv/auth.py)
+            from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
+            params = {**params, AUTH_PARAMETER: orchestrator_token(
+                self.auth_key, params.get("request_type", ""), job.inputs.get("input_ids"), time.time())}
+        inputs = [tensor(name, value) for name, value in job.inputs.items()]
+        inputs += [tensor("streaming", np.array([[True]], dtype=np.bool_))] + extra
+        wanted = self.requested_outputs + (["generation_logits"] if job.wants_logits else [])
+        return pb_utils.InferenceRequest(model_name=model, inputs=inputs, parameters=params,
+                                         requested_output_names=wanted)
+
     def _serve(self, request) -> None:
         try:
             job = _Job(request)
@@ -235,8 +246,10 @@ class DisaggBls:
                 return
             if self.fleet is not None:
                 self._through_fleet(job, slot)
+            elif self.mode == "colocated":
+                self._colocated(job, slot)
             else:
-                self._orchestrated(job, slot)
+                self._disaggregated(job, slot)
             job.complete()   # the stream ended: what it gave is the answer (the end id is never a token)
         except Overloaded as exc:
             job.fail(str(exc), "unavailable")
@@ -285,34 +298,56 @@ class DisaggBls:
         finally:
             request.close()
 
-    def _orchestrated(self, job: _Job, slot: Slot) -> None:
-        """The one orchestrator (trtpd/orchestration/) over this server's role models, through its blocking face:
-        prefill's first token (TensorRT-LLM's after-prefill transfer) is sent at once and decode's repeat of it
-        checked and dropped (first_token_at="prefill"); with the layerwise transfer decode streams every token."""
-        clients = {name: StubTransport(name, job.inputs, self.stub_routing, job.wants_logits, job.keep)
-                   for name in self.role_models}
-        orchestrator = Orchestrator(self.mode, self.router, clients, first_token_at="prefill")
-        self.router.update(self.views, time.monotonic())   # clears a role model marked unhealthy by an earlier one
-        sampling = SamplingInputs(max_new_tokens=job.max_tokens, end_id=-1 if job.end_id is None else job.end_id)
-        ids = [int(t) for t in job.inputs["input_ids"].reshape(-1)]
-        steps = BlockingSteps(orchestrator.generate(uuid.uuid4().hex[:16], ids, sampling))
-        try:
-            for step in steps:
-                if step.decode_instance is not None:
-                    slot.release()   # decode answered (the KV is pulled): the rest streams without a pool thread
-                if job.cancelled():   # the client went away: closing the steps cancels the sub-request
-                    return
-                for name, value in perf_to_tensors(step.perf).items():   # first report wins; seconds -> ms
-                    if name not in job.perf:
-                        job.perf[name] = np.array([[value]], dtype=np.int64 if name == "kv_transfer_bytes"
-                                                  else np.float32)
-                job.send_tokens(step.token_ids)
-                if job.finished and not job.ended_by_engine():
-                    return   # a stop word ended it here: closing the steps cancels decode
-                # ended by the engine too (its length, the end id): read on to the end, so that decode still
-                # pulls the KV (with request_output_len 1 prefill's token is the whole answer) and prefill frees
-                # it at once instead of at the transfer timeout
-        except OrchestratorError as exc:
-            raise BlsError(str(exc), exc.kind) from None
-        finally:
-            steps.close()
+    def _keep_perf(self, job: _Job, outputs: dict) -> None:
+        """First report wins: prefill's own timings over decode's view of them."""
+        for name in PERF_NAMES:
+            if name in outputs and name not in job.perf:
+                job.perf[name] = outputs[name]
+
+    def _colocated(self, job: _Job, slot: Slot) -> None:
+        for response in self._sub_request(job, self.colocated_model, {}, []).exec(decoupled=True):
+            slot.release()   # prefilled: the rest streams without holding a pool thread
+            outputs = _outputs(response)
+            self._keep_perf(job, outputs)
+            job.keep(outputs)
+            job.send_tokens(_tokens(outputs))
+
+    def _disaggregated(self, job: _Job, slot: Slot) -> None:
+        params = {"request_type": "context_only"}
+        if self.kv_transfer == "layerwise" and not job.wants_logits:   # the first token's logits come from prefill
+            params["layerwise_kv_transfer"] = True
+        handle, first_token = None, None
+        for response in self._sub_request(job, self.context_model, params, []).exec(decoupled=True):
+            outputs = _outputs(response)
+            self._keep_perf(job, outputs)
+            job.keep(outputs)
+            handle = outputs.get("context_phase_params", handle)
+            tokens = _tokens(outputs)
+            if tokens and first_token is None:
+                first_token = tokens[0]
+                job.send_tokens([first_token])
+        if handle is None:
+            raise BlsError(f"{self.context_model} returned no context_phase_params", "internal")
+        # With request_output_len 1 prefill's token is the whole answer, but decode still pulls the KV
+        # (and sends nothing more), so prefill frees it at once instead of at the transfer timeout.
+        extra = [tensor("context_phase_params", handle.reshape(1, -1).astype(np.uint8))]
+        skip_first = first_token is not None
+        responses = self._sub_request(job, self.generation_model, {"request_type": "generation_only"},
+                                      extra).exec(decoupled=True)
+        for response in responses:
+            slot.release()   # decode answered: the KV is pulled, the rest streams without a pool thread
+            if job.cancelled():   # the client went away: stop decoding
+                cancel = getattr(responses, "cancel", None)
+                if cancel is not None:
+                    cancel()
+                return
+            outputs = _outputs(response)
+            self._keep_perf(job, outputs)
+            job.keep(outputs)
+            tokens = _tokens(outputs)
+            if tokens and skip_first:
+                skip_first = False
+                if tokens[0] != first_token:
+                    raise BlsError(f"decode's first token {tokens[0]} differs from prefill's {first_token}", "internal")
+                tokens = tokens[1:]
+            job.send_tokens(tokens)
