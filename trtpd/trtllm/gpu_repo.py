@@ -31,9 +31,12 @@ def role_parameters(plan: BuildPlan, role: RolePlan, world: RankLayout) -> dict[
         "gpt_model_type": "inflight_fused_batching",
         "gpt_model_path": str(role.engine_dir),
         "max_beam_width": str(s.max_beam_width),
-        # s.kv_cache_max_tokens (a cap the trtllm-serve path emits as kv_cache_config.max_tokens) would be the
-        # backend's max_tokens_in_paged_kv_cache (getKvCacheConfigFromParams), but triton_models/tensorrtllm/
-        # config.pbtxt.tmpl has no such parameter yet, so the fraction alone sizes the pool here.
+        # s.kv_cache_max_tokens, the cap trtllm-serve gets as kv_cache_config.max_tokens; the executor uses the
+        # smaller of it and the fraction. Empty (a role without one: prefill) is unset: ModelState::
+        # GetParameter<int32_t> is std::stoi, which throws on "", and getKvCacheConfigFromParams catches that
+        # and leaves the cap unset as for an absent key (TensorRT-LLM triton_backend/inflight_batcher_llm/src/
+        # model_instance_state.cc@0c8de69, model_state.cc@5cdd692). The key is in the template for both roles.
+        "max_tokens_in_paged_kv_cache": "" if s.kv_cache_max_tokens is None else str(s.kv_cache_max_tokens),
         "kv_cache_free_gpu_mem_fraction": f"{s.kv_cache_free_gpu_mem_fraction:g}",
         "kv_cache_onboard_blocks": "true",
         "enable_kv_cache_reuse": _bool(s.enable_kv_cache_reuse),

@@ -21,6 +21,8 @@ def check_value(option: TrtllmOption, value: object) -> str | None:
     if option.type == "list":
         return None if isinstance(value, (list, tuple)) else f"{where} must be a list, got {value!r}"
     text = _as_text(value)
+    if option.empty_ok and text == "":
+        return None
     if option.type in ("int", "float"):
         try:
             number = int(text) if option.type == "int" else float(text)
@@ -28,12 +30,12 @@ def check_value(option: TrtllmOption, value: object) -> str | None:
             return f"{where} must be an {option.type}, got {text!r}"
         if option.min_value is not None and number < option.min_value:
             return f"{where} must be >= {option.min_value:g}, got {text}"
+        if option.max_value is not None and number > option.max_value:
+            return f"{where} must be <= {_number(option.max_value)}, got {text}"
         return None
     if option.type == "memsize":     # TensorRT-LLM's parseMemorySize (envUtils.cpp): a number, then a unit
         if re.fullmatch(r"\d+(\.\d+)?(b|kb|mb|gb|tb)", text.strip().lower()) is None:
             return f"{where} must be a size such as 512MB (b, kb, mb, gb, tb); got {text!r}"
-        return None
-    if option.empty_ok and text == "":
         return None
     if option.allowed is not None and text not in option.allowed:
         return f"{where} must be one of {', '.join(option.allowed)}; got {text!r}"
@@ -94,6 +96,10 @@ def flatten(values: Mapping[str, object], prefix: str = "") -> dict[str, object]
         else:
             flat[name] = value
     return flat
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _as_text(value: object) -> str:

@@ -30,6 +30,7 @@ class TrtllmOption:
     source: str = ""
     deprecated: str | None = None        # why it must not be emitted, and what to use instead
     min_value: float | None = None
+    max_value: float | None = None       # e.g. a key the backend parses into int32 (std::stoi)
     empty_ok: bool = False               # "" is a valid value (an unused parameter the backend still reads)
 
 
@@ -40,6 +41,10 @@ _QUANT = "trtllm-1.2.md §1.2 A; TensorRT-LLM examples/quantization/quantize.py@
 _CONVERT = "trtllm-1.2.md §1.2 B; TensorRT-LLM examples/models/core/llama/convert_checkpoint.py@368f8f2"
 _PBTXT = ("trtllm-1.2.md §3.3; TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/"
           "config.pbtxt@0c8de69 and model_instance_state.cc@c8c6df0")
+_KVCAP = ("trtllm-1.2.md §3.3; TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/"
+          "config.pbtxt@0c8de69 (${max_tokens_in_paged_kv_cache}), triton_backend/inflight_batcher_llm/src/"
+          "model_instance_state.cc@0c8de69 ModelInstanceState::getKvCacheConfigFromParams (try/catch: unset) and "
+          "model_state.cc@5cdd692 ModelState::GetParameter<int32_t> (std::stoi)")
 _LAUNCH = "trtllm-1.2.md §3.5; TensorRT-LLM triton_backend/scripts/launch_triton_server.py@0a2e2c1"
 _SERVE = "trtllm-1.2.md §2.3; TensorRT-LLM tensorrt_llm/commands/serve.py@4c05a74"
 _LLMARGS = "trtllm-1.2.md §1.3; TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (id 1090804222)"
@@ -113,6 +118,12 @@ OPTIONS: tuple[TrtllmOption, ...] = (
                  ("inflight_fused_batching", "inflight_batching", "V1", "v1"), None, _PBTXT),
     TrtllmOption("tensorrtllm-config", "gpt_model_path", "path", None, None, _PBTXT),
     TrtllmOption("tensorrtllm-config", "max_beam_width", "int", None, "1", _PBTXT, min_value=1),
+    # The KV pool's token cap (unset by default: the fraction alone). getKvCacheConfigFromParams reads it with
+    # GetParameter<int32_t> (std::stoi) inside try/catch: "" or absent -> unset; beyond int32 stoi throws
+    # out_of_range and the cap is dropped with only the "not specified" warning, hence max_value. Both set: the
+    # smaller pool wins.
+    TrtllmOption("tensorrtllm-config", "max_tokens_in_paged_kv_cache", "int", None, None, _KVCAP, min_value=1,
+                 max_value=2**31 - 1, empty_ok=True),
     TrtllmOption("tensorrtllm-config", "kv_cache_free_gpu_mem_fraction", "float", None, "0.9", _PBTXT, min_value=0),
     TrtllmOption("tensorrtllm-config", "enable_kv_cache_reuse", "bool", ("true", "false"), "true", _PBTXT),
     TrtllmOption("tensorrtllm-config", "batch_scheduler_policy", "enum",

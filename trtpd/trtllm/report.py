@@ -21,7 +21,7 @@ def _kv_pool(s) -> str:
     text = f"{s.role} kv_cache_free_gpu_mem_fraction {s.kv_cache_free_gpu_mem_fraction:g}"
     if s.kv_cache_max_tokens is not None:
         text += (f" and at most {s.kv_cache_max_tokens} tokens (max_batch_size x max_seq_len; trtllm-serve "
-                 f"kv_cache_config.max_tokens, the Triton path has the fraction alone)")
+                 f"kv_cache_config.max_tokens, Triton max_tokens_in_paged_kv_cache)")
     if s.cuda_graph_mode:
         text += f", {s.cuda_graph_cache_size} CUDA graphs cached"
     return text

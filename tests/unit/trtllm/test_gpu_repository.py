@@ -100,3 +100,37 @@ def test_missing_shared_templates_are_named(request_for, tmp_path):
         plan_gpu_repository(plan, world, "tok", templates)
     out = render_repository(plan_role_models(plan, world), tmp_path / "repo", templates=templates)
     assert sorted(d.name for d in out.iterdir()) == ["decode", "prefill"]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"decode_max_batch_size": 64, "max_output_len": 500}])
+def test_decode_config_carries_the_plans_kv_cap_and_prefill_leaves_it_unset(overrides, request_for, tmp_path):
+    """Decode gets the cap trtllm-serve gets as kv_cache_config.max_tokens. Prefill's key is there (one template
+    serves both roles) and empty, which getKvCacheConfigFromParams reads as unset: its std::stoi throws on "" inside
+    the try/catch that also covers an absent key (model_instance_state.cc@0c8de69, model_state.cc@5cdd692)."""
+    from trtpd.lint.backend_parameters import BACKEND_PARAMETERS
+    from trtpd.trtllm.serve_config import role_llm_options
+    plan = plan_build(request_for(prefill_tp=2, decode_tp=4, **overrides))
+    out = render_repository(plan_role_models(plan, plan_mpi_world(plan.request)), tmp_path / "repo")
+    decode = parameters(load_model_config(out / "decode" / "config.pbtxt"))
+    prefill = parameters(load_model_config(out / "prefill" / "config.pbtxt"))
+    cap = plan.decode.spec.kv_cache_max_tokens
+    assert cap == role_llm_options(plan, plan.decode)["kv_cache_config"]["max_tokens"]
+    assert decode["max_tokens_in_paged_kv_cache"] == str(cap) and 0 < cap < 2**31      # int32: std::stoi
+    assert decode["kv_cache_free_gpu_mem_fraction"] == "0.85"                           # both: the smaller pool
+    assert plan.prefill.spec.kv_cache_max_tokens is None
+    assert prefill["max_tokens_in_paged_kv_cache"] == ""
+    assert {p.name: p.has_fallback for p in BACKEND_PARAMETERS}["max_tokens_in_paged_kv_cache"] is True
+
+
+def test_a_kv_cap_the_backend_cannot_parse_is_refused(request_for):
+    """Beyond int32, std::stoi throws out_of_range, the backend's catch drops the cap and only a log line says so."""
+    from dataclasses import replace
+
+    from trtpd.trtllm.gpu_repo import role_parameters
+    plan = plan_build(request_for(prefill_tp=2, decode_tp=4))
+    world = plan_mpi_world(plan.request)
+    huge = replace(plan.decode, spec=replace(plan.decode.spec, kv_cache_max_tokens=2**31))
+    with pytest.raises(ConfigError, match="max_tokens_in_paged_kv_cache must be <= 2147483647"):
+        role_parameters(plan, huge, world)
+    edge = replace(plan.decode, spec=replace(plan.decode.spec, kv_cache_max_tokens=2**31 - 1))
+    assert role_parameters(plan, edge, world)["max_tokens_in_paged_kv_cache"] == "2147483647"

@@ -46,6 +46,18 @@ def test_check_args_rejects_unknown_deprecated_and_mistyped():
     assert check_args("quantize.py", [("--qformat", "fp8"), ("--qformat", "fp8")]) == ["quantize.py: --qformat given twice"]
 
 
+def test_kv_token_cap_is_an_int32_or_empty():
+    """max_tokens_in_paged_kv_cache: GetParameter<int32_t> (std::stoi) in a try/catch, so "" is unset."""
+    def check(value):
+        return check_keys("tensorrtllm-config", {"max_tokens_in_paged_kv_cache": value})
+    assert check("") == [] and check("655360") == [] and check(2**31 - 1) == []
+    assert check("0") == ["tensorrtllm-config max_tokens_in_paged_kv_cache must be >= 1, got 0"]
+    assert check(2**31) == ["tensorrtllm-config max_tokens_in_paged_kv_cache must be <= 2147483647, got 2147483648"]
+    assert check("64k") == ["tensorrtllm-config max_tokens_in_paged_kv_cache must be an int, got '64k'"]
+    assert check_keys("tensorrtllm-config", {"max_beam_width": ""}) == [
+        "tensorrtllm-config max_beam_width must be an int, got ''"]          # empty only where empty_ok
+
+
 def test_check_keys_rejects_unknown_yaml_keys():
     problems = check_keys("llm-api-options", {"cache_transceiver_config": {"backend": "ucx", "buffer": 1}})
     assert any("must be one of DEFAULT, UCX, NIXL, MPI" in p for p in problems)       # case matters in 1.2.x

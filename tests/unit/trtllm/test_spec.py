@@ -121,4 +121,5 @@ def test_sizes_reach_both_serving_paths(request_for):
     assert "max_tokens" not in role_llm_options(plan, plan.prefill)["kv_cache_config"]
     params = role_parameters(plan, plan.decode, plan_mpi_world(plan.request))
     assert params["cuda_graph_cache_size"] == "64"
-    assert "max_tokens_in_paged_kv_cache" not in params          # the Triton template has no such parameter yet
+    assert params["max_tokens_in_paged_kv_cache"] == "655360"    # the same cap on the Triton path
+    assert role_parameters(plan, plan.prefill, plan_mpi_world(plan.request))["max_tokens_in_paged_kv_cache"] == ""
