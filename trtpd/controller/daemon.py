@@ -42,7 +42,7 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     """Returns {"name", "revision", "gateway", "instances"} once the fleet is ready and its controller runs."""
     from trtpd.engine.engine_config import EngineConfig
     from trtpd.fleet.gateway_process import attach_gateway
-    from trtpd.fleet.records import FleetRecord, is_fleet, is_single_server, load_fleet
+    from trtpd.fleet.records import FleetRecord, has_record, load_fleet
     from trtpd.kv.handle import load_or_create_key_file
     from trtpd.repo.reference import KEY_FILE
 
@@ -54,9 +54,8 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     if problems:
         raise ConfigError(f"{spec_path}: refused:\n  " + "\n  ".join(problems))
     name = spec.name
-    if is_single_server(name):
-        raise TrtpdError(f"{name!r} is a single-server deployment; `trtpd down --name {name}` first")
-    if is_fleet(name) and any(i.server.is_alive() for i in load_fleet(name).instances):
+    # load_fleet refuses a single-server deployment by name
+    if has_record(name) and any(i.server.is_alive() for i in load_fleet(name).instances):
         raise TrtpdError(f"deployment {name!r} is already running; change it with `trtpd rollout {spec_path}` "
                          f"or `trtpd scale {name} ...`, or stop it with `trtpd down --name {name}`")
     folder = deployment.deployment_dir(name)

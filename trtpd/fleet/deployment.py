@@ -82,8 +82,6 @@ class Deployment:
 
     @classmethod
     def load(cls, name: str) -> "Deployment":
-        if not (deployment_dir(name) / records.FLEET_FILE).is_file():
-            raise TrtpdError(f"no deployment named {name!r} (see `trtpd status`)")
         return cls.of(records.load_record(name))
 
     @classmethod

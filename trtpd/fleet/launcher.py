@@ -153,11 +153,8 @@ def ready_or_restarted(starter: Starter, fleet: FleetRecord, plan: InstancePlan,
 
 
 def _check_name_free(name: str, replace: bool) -> None:
-    if records.is_single_server(name):
-        raise TrtpdError(f"{name!r} is a single-server deployment; `trtpd down --name {name}` first, "
-                         f"or choose another --name")
-    if records.is_fleet(name):
-        old = records.load_fleet(name)
+    if records.has_record(name):
+        old = records.load_fleet(name)     # refuses a single-server deployment by name
         live = [i.name for i in old.instances if i.server.is_alive()]
         if live and not replace:
             raise TrtpdError(f"fleet {name!r} is already running ({', '.join(live)}); "

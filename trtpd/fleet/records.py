@@ -176,9 +176,14 @@ def load_fleet(name: str) -> FleetRecord:
     return record
 
 
+def has_record(name: str) -> bool:
+    """Whether deployment `name` (a fleet or a single server) has a record."""
+    return (deployment_dir(name) / FLEET_FILE).is_file()
+
+
 def _kind(name: str) -> str | None:
     """"fleet", "single" or None (no record)."""
-    if not (deployment_dir(name) / FLEET_FILE).is_file():
+    if not has_record(name):
         return None
     return "single" if load_record(name).single_server is not None else "fleet"
 

@@ -19,26 +19,24 @@ Where the scales are (read 2026-12-03 through the search tool's stored files):
 - Rank r of a checkpoint is pp_rank = r // tp_size with context parallelism 1 (NVIDIA/TensorRT-LLM
   tensorrt_llm/mapping.py Mapping.__init__: pp_rank = rank // (tp_size * cp_size); stored version, commit not
   resolved), so stages in rank order give the layers in model order, whatever each stage numbers them.
-- File format: 8 bytes little-endian u64 N, N bytes of JSON header {name: {dtype, shape, data_offsets}} (offsets
-  into the byte buffer after the header), then the buffer (huggingface/safetensors README.md @ead9d7b). Only the
-  header and the scale tensors are read, never the weights.
+- The files are read with the safetensors library (safe_open: the header, then only the scale tensors).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from trtpd.errors import TrtpdError
 
 SCALE_SUFFIXES = ("kv_cache_scaling_factor", "kv_cache_rcp_scaling_factor", "k_cache_scaling_factor",
                   "v_cache_scaling_factor")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_HEADER_LIMIT_BYTES = 100 * 1024 * 1024      # safetensors' own reader refuses larger headers
 
 
 class KvScalesError(TrtpdError):
@@ -58,45 +56,32 @@ class KvScales:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_header(path: Path) -> tuple[dict, int]:
-    """The safetensors JSON header of `path` and the file offset where its byte buffer starts."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise KvScalesError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
-        (size,) = struct.unpack("<Q", raw)
-        if size > _HEADER_LIMIT_BYTES:
-            raise KvScalesError(f"{path}: not a safetensors file (header length {size})")
-        try:
-            header = json.loads(f.read(size))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise KvScalesError(f"{path}: not a safetensors file ({exc})") from None
-    return header, 8 + size
-
-
-def _read_scalar(path: Path, name: str, info: dict, start: int) -> float:
-    begin, end = info["data_offsets"]
-    if info["dtype"] != "F32" or end - begin != 4:
-        raise KvScalesError(f"{path}: tensor {name} is {info['dtype']} {info['shape']}; TensorRT-LLM's KV scaling "
-                            f"factors are float32 scalars (shape (1,)); this is not a checkpoint trtpd can check")
-    with open(path, "rb") as f:
-        f.seek(start + begin)
-        (value,) = struct.unpack("<f", f.read(4))
-    return value
+_DTYPE_NAMES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64": "F64"}
 
 
 def rank_scales(path: Path) -> tuple[tuple[tuple[str, float], ...], ...]:
-    """One rank file's KV scales, per layer in the order of its layer numbers."""
-    header, start = read_header(path)
-    by_layer: dict[int, list[tuple[str, float]]] = {}
-    for name, info in header.items():
-        suffix = next((s for s in SCALE_SUFFIXES if name.endswith("." + s)), None)
-        if suffix is None:
-            continue
-        layer = _LAYER.search(name)
-        if layer is None:
-            raise KvScalesError(f"{path}: KV scale {name} names no layer (expected '...layers.<i>....{suffix}')")
-        by_layer.setdefault(int(layer.group(1)), []).append((suffix, _read_scalar(path, name, info, start)))
+    """One rank file's KV scales, per layer in the order of its layer numbers. Read with the safetensors library,
+    which reads the header and only the tensors asked for (never the weights)."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            by_layer: dict[int, list[tuple[str, float]]] = {}
+            for name in f.keys():
+                suffix = next((s for s in SCALE_SUFFIXES if name.endswith("." + s)), None)
+                if suffix is None:
+                    continue
+                layer = _LAYER.search(name)
+                if layer is None:
+                    raise KvScalesError(f"{path}: KV scale {name} names no layer (expected "
+                                        f"'...layers.<i>....{suffix}')")
+                value = f.get_tensor(name)
+                if value.dtype != np.float32 or value.size != 1:
+                    dtype = _DTYPE_NAMES.get(value.dtype.name, value.dtype.name)
+                    raise KvScalesError(f"{path}: tensor {name} is {dtype} {list(value.shape)}; TensorRT-LLM's KV "
+                                        f"scaling factors are float32 scalars (shape (1,)); this is not a checkpoint "
+                                        f"trtpd can check")
+                by_layer.setdefault(int(layer.group(1)), []).append((suffix, float(value.reshape(-1)[0])))
+    except SafetensorError as exc:
+        raise KvScalesError(f"{path}: not a safetensors file ({exc})") from None
     return tuple(tuple(sorted(by_layer[i])) for i in sorted(by_layer))
 
 

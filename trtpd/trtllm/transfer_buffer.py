@@ -33,11 +33,10 @@ def transfer_buffer_tokens(max_prompt_tokens: int, tokens_per_block: int) -> int
 
 
 def rank_kv_bytes_per_token(r: BuildRequest, spec: EngineRoleSpec) -> int:
-    """One rank's KV bytes per token: its layers (PP) x K and V x its KV heads (TP; a head is replicated when
-    TP exceeds the KV heads) x head size x KV dtype bytes."""
-    layers = math.ceil(r.model.num_layers / spec.pp_size)
-    heads = max(1, math.ceil(r.model.num_kv_heads / spec.tp_size))
-    return layers * 2 * heads * r.model.head_size * r.kv_dtype.num_bytes
+    """One rank's KV bytes per token: the catalog's TP share (ModelSpec.kv_bytes_per_token_per_device) for the
+    layers of its pipeline stage (the first stage holds the most)."""
+    per_layer = r.model.kv_bytes_per_token_per_device(spec.tp_size, r.kv_dtype) // r.model.num_layers
+    return per_layer * math.ceil(r.model.num_layers / spec.pp_size)
 
 
 def transfer_buffer_bytes(plan: BuildPlan) -> int:
