@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from trtpd.errors import TrtpdError
 
@@ -61,7 +60,10 @@ _DTYPE_NAMES = {"float16": "F16", "bfloat16": "BF16", "float32": "F32", "float64
 
 def rank_scales(path: Path) -> tuple[tuple[tuple[str, float], ...], ...]:
     """One rank file's KV scales, per layer in the order of its layer numbers. Read with the safetensors library,
-    which reads the header and only the tensors asked for (never the weights)."""
+    which reads the header and only the tensors asked for (never the weights). Imported here: `trtpd build
+    --dry-run` and the CLI's start-up stay free of it (tests/integration/test_cli_startup.py)."""
+    from safetensors import SafetensorError, safe_open
+
     try:
         with safe_open(str(path), framework="numpy") as f:
             by_layer: dict[int, list[tuple[str, float]]] = {}
