@@ -27,3 +27,25 @@ def parse(message: str) -> tuple[str, str | None]:
         return message, None
     kind = match.group(1)
     return message[:match.start()], kind if kind in KINDS else None
+
+
+# TensorRT-LLM's Triton backend (tensorrtllm, inflight_batcher_llm) answers every failure with
+# TRITONSERVER_ERROR_INTERNAL and no trtpd tag: a request the executor failed ("Executor failed process requestId
+# <id> due to the following error: <executor's words>"), a response it could not fill ("Error encountered while
+# populating response: ..."), and a request it could not enqueue (the exception's own text, for TLLM_CHECK
+# "[TensorRT-LLM][ERROR] Assertion failed: ..."). Sources: NVIDIA/TensorRT-LLM
+# triton_backend/inflight_batcher_llm/src/model_instance_state.cc (fillTritonResponse; the enqueue path's catch
+# -> sendEnqueueResponse) and cpp/include/tensorrt_llm/common/assert.h (throwRuntimeError), read at the indexed
+# commit 0c8de69a; confirming them at v1.2.1 is on the first GPU box's list (README, "First contact").
+# Such an error is this request's failure on a live instance, not the instance gone: "internal", which the routing
+# core retries on another instance as any server fault (trtpd/routing/failures.py) without marking this one
+# unhealthy, and the gateway answers 500 if no attempt succeeds (503 was what an untagged error got before).
+_TRTLLM_FORMS = ("Executor failed process requestId ", "Error encountered while populating response: ",
+                 "[TensorRT-LLM][ERROR]")
+
+
+def untagged_kind(message: str) -> str | None:
+    """The kind of an untagged error whose words say where it came from: "internal" for TensorRT-LLM's backend
+    (its forms above, wherever they appear: Triton prefixes the ensemble's name); None when the words say
+    nothing (the caller decides: an error from Triton itself, a model gone or a stub that died)."""
+    return "internal" if any(form in message for form in _TRTLLM_FORMS) else None

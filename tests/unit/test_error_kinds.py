@@ -1,6 +1,9 @@
 """The error-kind tag: appended once, read back, absent on untagged messages."""
 
+import pytest
+
 from trtpd import error_kinds
+from trtpd.gateway.role_client import _role_error
 
 
 def test_tag_and_parse_round_trip():
@@ -19,3 +22,32 @@ def test_retagging_replaces_the_kind_and_unknown_kinds_become_internal():
 def test_an_untagged_or_foreign_tag_reads_as_unknown():
     assert error_kinds.parse("Stub process is not healthy.") == ("Stub process is not healthy.", None)
     assert error_kinds.parse("x [trtpd:bogus]") == ("x", None)
+
+
+# the backend's own texts (error_kinds.py names the upstream lines); a TllmException's text is
+# "<message> (<file>:<line>)\n<stack>"
+_TRTLLM = [
+    "Executor failed process requestId 7 due to the following error: [TensorRT-LLM][ERROR] Assertion failed: "
+    "The number of context tokens (8195) exceeds the limit value (8192) (/src/tensorrt_llm/batch_manager/x.cpp:12)",
+    "Error encountered while populating response: output_ids tensor must be present in list of output tensors",
+    "in ensemble 'ensemble', [TensorRT-LLM][ERROR] Assertion failed: Invalid request (/src/executor.cpp:3)\n1 0x7f",
+]
+
+
+@pytest.mark.parametrize("message", _TRTLLM)
+def test_tensorrt_llm_backend_errors_are_this_requests_failure_not_an_instance_gone(message):
+    assert error_kinds.parse(message)[1] is None          # untagged
+    assert error_kinds.untagged_kind(message) == "internal"
+    assert _role_error(message, "prefill-0").kind == "internal"
+
+
+@pytest.mark.parametrize("message", ["Stub process 'prefill_0_0' is not healthy.",
+                                     "Request for unknown model: 'prefill' is not found"])
+def test_tritons_own_untagged_errors_still_mean_the_instance_is_unavailable(message):
+    assert error_kinds.untagged_kind(message) is None
+    assert _role_error(message, "prefill-0").kind == "unavailable"
+
+
+def test_a_tag_wins_over_the_words():
+    message = error_kinds.tag("Executor failed process requestId 7 due to the following error: x", "invalid_arg")
+    assert _role_error(message, "prefill-0").kind == "invalid_arg"

@@ -39,10 +39,11 @@ def sampling_tensors(sampling: SamplingInputs) -> dict[str, np.ndarray]:
 
 
 def _role_error(message: str, instance: str) -> RoleError:
-    """The role model's own verdict travels as a tag in the message (trtpd/error_kinds.py); an untagged
-    error came from Triton itself (model gone, stream broken): the instance is unavailable."""
+    """The role model's own verdict travels as a tag in the message (trtpd/error_kinds.py); an untagged error is
+    TensorRT-LLM's backend failing this request (its words say so: internal) or else came from Triton itself (a
+    model gone, a stub that died): the instance is unavailable."""
     text, kind = error_kinds.parse(message)
-    return RoleError(text, kind or "unavailable", instance)
+    return RoleError(text, kind or error_kinds.untagged_kind(text) or "unavailable", instance)
 
 
 def _infer_inputs(tensors: dict[str, np.ndarray]) -> list:
