@@ -40,3 +40,10 @@ def reference_spec(args: argparse.Namespace, mode: str | None = None):
     return ReferenceDeployment(build_root=Path(root), mode=mode, kv_transport=args.kv_transport,
                                prefill_instances=args.prefill_instances, decode_instances=args.decode_instances,
                                colocated_instances=args.colocated_instances)
+
+
+def print_curves_origin(hardware, model_name: str) -> None:
+    """Which machine the simulator's curves come from (trtpd plan and simulate say it under their summary)."""
+    from trtpd.perf.hardware import curves_origin
+    origin = curves_origin(hardware, model_name)
+    print(f"  curves: {origin or f'roofline estimate ({hardware.name} has no measured curves for {model_name})'}")

@@ -123,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(problem, VerifyOptions(enabled=not args.no_verify, num_requests=args.verify_requests,
                                             seed=args.seed, compare_colocated=not args.no_colocated))
     print(plan.to_yaml() if args.yaml else plan_text(plan))
+    if not args.yaml:
+        from trtpd.cli.common import print_curves_origin
+        print_curves_origin(problem.hardware, problem.model.name)
     if args.output:
         plan.save(args.output)
         if not args.yaml:

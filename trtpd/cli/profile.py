@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.engine.engine_config import EngineConfig
 
     from trtpd.engine import profiling
-    from trtpd.perf.hardware import load_hardware, save_hardware
+    from trtpd.perf.hardware import load_hardware, save_hardware, this_host
     from trtpd.perf.profiling import EngineLimits, ProfileGrid, measure_profile, with_measured
 
     prefill_dir, decode_dir = _engine_folders(args.engine_dir)
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         lambda batch, ctx: profiling.measure_decode_step_s(decode_dir, batch, ctx, repeats=args.repeats),
         grid, limits, model=pcfg.model, kv_dtype=pcfg.kv_dtype.value, tp=pcfg.tp_size, backend=args.backend,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        host=f"{platform.node()} ({platform.processor() or platform.machine()})",
+        host=this_host(),
         progress=lambda line: print(f"  {line}", flush=True))
     hardware = load_hardware(str(args.output)) if args.output.is_file() else load_hardware("cpu-reference")
     hardware = hardware.model_copy(update={"measured": with_measured(hardware.measured, measured)})

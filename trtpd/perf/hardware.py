@@ -74,6 +74,34 @@ class HardwareProfile(BaseModel):
         return None
 
 
+def this_host() -> str:
+    """How `trtpd profile` names the machine it measures (a profile's `host`): its name, CPU model and the cores
+    this process may use, so that another machine of the same name reads as another machine."""
+    import os
+    import platform
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{platform.node()} ({cpu}, {cores} cores)"
+
+
+def curves_origin(hardware: HardwareProfile, model: str) -> str | None:
+    """Where `hardware`'s measured curves for `model` come from (each entry's host and date, and whether that is
+    this machine), or None when it has none (the roofline estimate is used)."""
+    entries = [p for p in hardware.measured if p.model == model]
+    if not entries:
+        return None
+    where = sorted({f"{p.host or 'an unnamed host'} at {p.measured_at or 'an unrecorded time'}" for p in entries})
+    here = this_host()
+    verdict = ("this machine" if all(p.host == here for p in entries)
+               else f"not this machine ({here}): run `trtpd profile` here for curves of this machine")
+    return f"{hardware.name}'s curves for {model} were measured on {'; '.join(where)}; {verdict}"
+
+
 def hardware_names() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.yaml"))
 

@@ -1,0 +1,28 @@
+"""trtpd plan and simulate say which machine a hardware profile's measured curves come from (issue 24, item 4)."""
+
+from trtpd.perf.hardware import curves_origin, load_hardware, this_host
+
+
+def test_the_bundled_cpu_profile_names_its_machine_and_that_it_is_not_this_one():
+    hardware = load_hardware("cpu-reference")
+    origin = curves_origin(hardware, "tiny-llama")
+    entry = hardware.find_measured("tiny-llama", 1, "fp16")
+    assert entry.host in origin and entry.measured_at in origin
+    assert "not this machine" in origin and this_host() in origin    # it names no CPU model or core count
+
+
+def test_curves_profiled_here_say_so():
+    hardware = load_hardware("cpu-reference")
+    here = hardware.model_copy(update={"measured": [m.model_copy(update={"host": this_host()})
+                                                    for m in hardware.measured]})
+    assert curves_origin(here, "tiny-llama").endswith("; this machine")
+
+
+def test_a_model_without_measured_curves_has_no_origin():
+    assert curves_origin(load_hardware("cpu-reference"), "llama-2-70b") is None
+    assert curves_origin(load_hardware("h100-sxm"), "llama-2-70b") is None
+
+
+def test_this_host_names_the_cpu_and_the_cores():
+    host = this_host()
+    assert host.endswith(" cores)") and "(" in host
