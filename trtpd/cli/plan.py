@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TP degrees to try (default: 1,2,4,8)")
     p.add_argument("--tp-decode", type=a.positive_int_list, default=[1, 2, 4, 8],
                    help="TP degrees to try (default: 1,2,4,8)")
-    p.add_argument("--weight-dtype", default="fp8", choices=("fp32", "fp16", "bf16", "fp8"), help="weight dtype")
+    p.add_argument("--weight-dtype", choices=("fp32", "fp16", "bf16", "fp8"),
+                   help="weight dtype (default: fp8, or the hardware profile's own when it has no fp8 figure)")
     p.add_argument("--kv-dtype", default="fp8", choices=("fp16", "bf16", "fp8"), help="KV cache dtype")
     p.add_argument("--kv-link", default="auto", choices=("auto", "nvlink", "network"),
                    help="auto: NVLink when the plan fits in one node, else the network")
@@ -115,10 +116,12 @@ def run(args: argparse.Namespace) -> int:
         target = Target(rate_per_s=args.rate_per_s, tokens_per_min=args.tokens_per_min)
     elif not args.max_gpus:
         raise ConfigError("give --rate-per-s or --tokens-per-min (a target), or --max-gpus (a budget)")
-    space = SearchSpace(tp_prefill=args.tp_prefill, tp_decode=args.tp_decode, weight_dtype=args.weight_dtype,
+    hardware = load_hardware(args.hardware)
+    space = SearchSpace(tp_prefill=args.tp_prefill, tp_decode=args.tp_decode,
+                        weight_dtype=args.weight_dtype or hardware.default_weight_dtype("fp8"),
                         kv_dtype=args.kv_dtype, kv_link=args.kv_link, first_token_at=args.first_token_at,
                         max_gpus=args.max_gpus)
-    problem = PlanProblem(resolve_model(args.model), load_hardware(args.hardware), _workload(args),
+    problem = PlanProblem(resolve_model(args.model), hardware, _workload(args),
                           _slo(args), target, space)
     plan = make_plan(problem, VerifyOptions(enabled=not args.no_verify, num_requests=args.verify_requests,
                                             seed=args.seed, compare_colocated=not args.no_colocated))

@@ -29,7 +29,8 @@ _DERIVED = {"kv_link_bytes_per_s": "from the hardware", "kv_capacity_tokens": "f
             "prefill_kv_capacity_tokens": "--kv-capacity-tokens", "decode_kv_capacity_tokens": "--kv-capacity-tokens",
             "num_colocated": "as many instances as the P/D pair's GPUs", "tp_colocated": "--tp-decode",
             "colocated_max_num_tokens": "--prefill-max-num-tokens + the batch (chunked: the step's token budget)",
-            "colocated_max_batch_size": "--decode-max-batch-size"}
+            "colocated_max_batch_size": "--decode-max-batch-size",
+            "weight_dtype": "fp16, or the hardware profile's own when it has no fp16 figure"}
 
 
 def _cluster_default(flag: str) -> str:
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     if rate is None and not args.find_goodput and not workload.phases:
         raise ConfigError("give --rate-per-s (or a --plan with a target rate, or --find-goodput)")
     model, hardware = resolve_model(model_name), load_hardware(hardware_name)
+    if args.weight_dtype is None and not args.plan and not args.engines:   # the hardware's own when it lacks fp16
+        opts = replace(opts, weight_dtype=hardware.default_weight_dtype(opts.weight_dtype))
     num_requests = args.num_requests or (None if workload.phases else 10000)
     if args.autoscale:
         return _run_autoscaled(args, disaggregated_cluster(model, hardware, opts), opts,

@@ -67,6 +67,12 @@ class HardwareProfile(BaseModel):
                               f"choose another weight dtype or add the figure to the profile")
         return self.peak_flops_per_s[dtype]
 
+    def default_weight_dtype(self, preferred: str) -> str:
+        """`preferred` when this hardware has a peak figure for it, else the first dtype it has one for (the
+        cpu-reference profile has only fp32: the planner's fp8 default rejected every TP on it)."""
+        return preferred if preferred in self.peak_flops_per_s or not self.peak_flops_per_s \
+            else next(iter(self.peak_flops_per_s))
+
     def find_measured(self, model: str, tp: int, kv_dtype: str) -> MeasuredProfile | None:
         for profile in self.measured:
             if profile.model == model and profile.tp == tp and profile.kv_dtype == kv_dtype:

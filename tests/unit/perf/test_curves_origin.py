@@ -26,3 +26,9 @@ def test_a_model_without_measured_curves_has_no_origin():
 def test_this_host_names_the_cpu_and_the_cores():
     host = this_host()
     assert host.endswith(" cores)") and "(" in host
+
+
+def test_the_default_weight_dtype_is_the_hardwares_own_when_it_lacks_the_preferred_one():
+    assert load_hardware("cpu-reference").default_weight_dtype("fp8") == "fp32"
+    assert load_hardware("h100-sxm").default_weight_dtype("fp8") == "fp8"
+    assert load_hardware("h100-sxm").default_weight_dtype("fp16") == "fp16"

@@ -40,3 +40,17 @@ def test_bad_input_is_a_clear_error_without_traceback(capsys):
     assert "unknown hardware 'nope'" in err and "Traceback" not in err
     assert main(["simulate", "--workload", "chat-powerlaw"]) == 2
     assert "--rate-per-s" in capsys.readouterr().err
+
+
+def test_a_cpu_profile_is_planned_and_simulated_in_its_own_dtype_and_names_its_curves(capsys):
+    """cpu-reference has only an fp32 figure: plan's fp8 default rejected every TP there ("no usable TP") and
+    simulate's fp16 default stopped with an error; without --weight-dtype both now use the profile's own."""
+    rc = main(["plan", "--model", "tiny-llama", "--hardware", "cpu-reference", "--max-gpus", "2", "--no-verify"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "sustains up to" in text and "no usable TP" not in text
+    assert "curves: cpu-reference's curves for tiny-llama were measured on" in text
+    assert main(["simulate", "--model", "tiny-llama", "--hardware", "cpu-reference", "--num-prefill", "1",
+                 "--num-decode", "1", "--rate-per-s", "2", "--num-requests", "50", "--mode", "disaggregated"]) == 0
+    assert "attainment" in capsys.readouterr().out
+    assert main(["plan", "--model", "tiny-llama", "--hardware", "cpu-reference", "--max-gpus", "2", "--no-verify",
+                 "--weight-dtype", "fp8"]) == 3   # asked for by name: still refused
