@@ -19,7 +19,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,8 @@ from trtpd.fleet import deployment
 from trtpd.perf.hardware import curves_origin, load_hardware
 from trtpd.repo.reference import ReferenceDeployment
 from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
-from trtpd.sim.metrics import latencies
+from trtpd.percentiles import quantile
+from trtpd.sim.metrics import Latencies, latencies
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
 
@@ -40,26 +41,17 @@ MODES = ("disaggregated", "colocated")
 PERCENTILES = (50, 90, 99)
 
 
-@dataclass
-class Timings:
-    """Per-request TTFT and TPOT in seconds (NaN where a request has none)."""
-
-    ttft_s: np.ndarray
-    tpot_s: np.ndarray
-
-    def pct_ms(self, metric: str, p: int) -> float:
-        x = getattr(self, metric)
-        x = x[~np.isnan(x)]
-        return float(np.percentile(x, p)) * 1e3 if x.size else float("nan")
-
-    def goodput_per_s(self, rate_per_s: float, ttft_slo_s: float, tpot_slo_s: float) -> float:
-        """The offered rate times the share of requests meeting both SLOs (a request without a TPOT meets it)."""
-        met = (self.ttft_s <= ttft_slo_s) & (np.isnan(self.tpot_s) | (self.tpot_s <= tpot_slo_s))
-        return rate_per_s * float(met.mean()) if met.size else float("nan")
+def pct_ms(values: np.ndarray, p: int) -> float:
+    """The P`p` in ms, by trtpd's one percentile definition (trtpd/percentiles.py)."""
+    q = quantile(values, p / 100)
+    return float("nan") if q is None else q * 1e3
 
 
-def _array(values) -> np.ndarray:
-    return np.array([np.nan if v is None else v for v in values], dtype=float)
+def real_latencies(results) -> Latencies:
+    """The real requests' timings in the simulator's per-request form, so both are judged by one rule."""
+    ttft = np.array([np.nan if r.ttft_s is None else r.ttft_s for r in results], dtype=float)
+    tpot = np.array([np.nan if r.tpot_s is None else r.tpot_s for r in results], dtype=float)
+    return Latencies(ttft, tpot, np.array([r.error is None and r.ttft_s is not None for r in results]))
 
 
 def error(sim: float, real: float) -> float:
@@ -102,7 +94,7 @@ def main() -> int:
     cells = [(w, r) for w in workloads for r in rates]
     requests = {c: make_requests(tokenizer, c[0], c[1], args.num_requests, args.seed, 2048) for c in cells}
     arrays = {c: generate_requests(load_workload(c[0]), c[1], args.num_requests, args.seed) for c in cells}
-    real: dict[tuple, Timings] = {}
+    real: dict[tuple, Latencies] = {}
     for workload in workloads:
         for mode in MODES:
             dep = deployment.up(f"validate-{mode}", ReferenceDeployment(root, mode=mode, colocated_instances=2),
@@ -115,8 +107,7 @@ def main() -> int:
                     errors = [r.error for r in results if r.error]
                     if errors:
                         print(f"{workload} {mode} {rate:g}/s: {len(errors)} errors, e.g. {errors[0]}")
-                    real[(workload, rate, mode)] = Timings(_array(r.ttft_s for r in results),
-                                                           _array(r.tpot_s for r in results))
+                    real[(workload, rate, mode)] = real_latencies(results)
             finally:
                 deployment.down(dep.name)
 
@@ -129,12 +120,12 @@ def main() -> int:
         for rate in rates:
             for mode in MODES:
                 lat = latencies(simulate(clusters[mode], arrays[(workload, rate)]), warmup_fraction=0.0)
-                sim, obs = Timings(np.asarray(lat.ttft_s, float), np.asarray(lat.tpot_s, float)), \
-                    real[(workload, rate, mode)]
-                rows = [(f"{m.split('_')[0].upper()} P{p}", obs.pct_ms(m, p), sim.pct_ms(m, p), p < 99)
-                        for m in ("ttft_s", "tpot_s") for p in PERCENTILES]
-                rows.append(("goodput/s", obs.goodput_per_s(rate, args.ttft_slo_s, args.tpot_slo_s),
-                             sim.goodput_per_s(rate, args.ttft_slo_s, args.tpot_slo_s), True))
+                sim, obs = lat, real[(workload, rate, mode)]
+                rows = [(f"{m.split('_')[0].upper()} P{p}", pct_ms(getattr(obs, m), p), pct_ms(getattr(sim, m), p),
+                         p < 99) for m in ("ttft_s", "tpot_s") for p in PERCENTILES]
+                # goodput: the offered rate times the share of requests meeting both SLOs (Latencies.attainment)
+                rows.append(("goodput/s", rate * obs.attainment(args.ttft_slo_s, args.tpot_slo_s),
+                             rate * sim.attainment(args.ttft_slo_s, args.tpot_slo_s), True))
                 for name, r, s, decisive in rows:
                     e = error(s, r)
                     if not np.isnan(e):

@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     print(plan.to_yaml() if args.yaml else plan_text(plan))
     if not args.yaml:
         from trtpd.cli.common import print_curves_origin
-        print_curves_origin(problem.hardware, problem.model.name)
+        print_curves_origin(hardware, problem.model.name)
     if args.output:
         plan.save(args.output)
         if not args.yaml:

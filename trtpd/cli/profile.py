@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import platform
 from pathlib import Path
 
 from trtpd.cli import args as a
@@ -114,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                           decode_max_seq_len=dcfg.max_seq_len,
                           decode_kv_capacity_tokens=dcfg.num_kv_blocks * dcfg.tokens_per_block)
     grid = ProfileGrid.quick() if args.quick else ProfileGrid()
-    print(f"profiling {pcfg.model} ({pcfg.kv_dtype.value} KV) on {platform.node() or 'this host'}: "
+    print(f"profiling {pcfg.model} ({pcfg.kv_dtype.value} KV) on {this_host()}: "
           f"prefill from {prefill_dir}, decode from {decode_dir}", flush=True)
     measured = measure_profile(
         lambda lens: profiling.measure_prefill_s(prefill_dir, lens, repeats=args.repeats),
