@@ -32,7 +32,7 @@ def main() -> None:
     from trtpd.engine.reference_engines import build_reference
     from trtpd.fleet.launcher import fleet_down, fleet_up
     from trtpd.fleet.gateway_process import api_key, attach_gateway
-    from trtpd.gateway.role_client import RoleClient
+    from trtpd.transports.triton_grpc import RoleClient
     from trtpd.orchestration.transport import SamplingInputs
     from trtpd.kv.handle import load_or_create_key_file
     from trtpd.repo.reference import ReferenceDeployment

@@ -1,4 +1,4 @@
-"""The gateway's gRPC client of one role instance (trtpd.gateway.role_client) against a real tritonserver:
+"""The gateway's gRPC client of one role instance (trtpd.transports.triton_grpc) against a real tritonserver:
 a request that got its final response ends its stream cleanly (half-closed, the call finished OK), none is
 left open, and one the caller stops early is cancelled (its KV freed at once)."""
 
@@ -12,7 +12,7 @@ import pytest
 from grpc.aio import _call
 
 from trtpd.deploy.spec import KEY_FILE
-from trtpd.gateway.role_client import RoleClient
+from trtpd.transports.triton_grpc import RoleClient
 from trtpd.orchestration.transport import SamplingInputs
 from trtpd.kv.handle import load_or_create_key_file
 

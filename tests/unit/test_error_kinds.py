@@ -3,7 +3,7 @@
 import pytest
 
 from trtpd import error_kinds
-from trtpd.gateway.role_client import _role_error
+from trtpd.transports.triton_grpc import _role_error
 
 
 def test_tag_and_parse_round_trip():

@@ -19,7 +19,7 @@ from trtpd.admission import Admission, Ticket
 from trtpd.gateway.config import GatewayConfig
 from trtpd.gateway.loads import probe
 from trtpd.gateway.metrics import PHASES, GatewayMetrics
-from trtpd.gateway.role_client import RoleClient
+from trtpd.transports.triton_grpc import RoleClient
 from trtpd.orchestration.orchestrator import Generated, Orchestrator, OrchestratorError
 from trtpd.orchestration.transport import SamplingInputs
 from trtpd.gateway.timing import RequestTiming

@@ -2,8 +2,8 @@
 decides, with the retries it allows (a KV pull that fails because prefill died is prefilled again
 elsewhere). Yields the generated tokens as they arrive; every path releases the router's accounting.
 The one orchestrator: the gateway runs it (trtpd/gateway/service.py) for its OpenAI clients and for the fleet's
-Triton entry, and the single server's BLS through its blocking face (blocking.py), over any RoleTransport
-(transport.py). Every sub-request's stream is closed as soon as the request leaves it (a client
+Triton entry, and the single server's entry (its python stub) through its blocking face (blocking.py), over any
+RoleTransport (transport.py). Every sub-request's stream is closed as soon as the request leaves it (a client
 gone, a stop word, an error), so the transport cancels it on its instance then, not when the stream is collected.
 """
 
@@ -40,6 +40,7 @@ class Generated:
     perf: dict[str, float] = field(default_factory=dict)
     prefill_instance: str | None = None
     decode_instance: str | None = None
+    generation_logits: list = field(default_factory=list)   # the role instances' logits pieces for these tokens
 
 
 class Orchestrator:
@@ -99,7 +100,8 @@ class Orchestrator:
             exported, streamed, sub_id = _Export(), False, f"{request_id}-p{attempt}"
             try:
                 try:
-                    handle, perf, first = await self._prefill(prefill.instance, sub_id, ids, sampling, exported)
+                    handle, perf, first, logits = await self._prefill(prefill.instance, sub_id, ids, sampling,
+                                                                      exported)
                 except RoleError as exc:
                     held.drop(prefill.instance)
                     failed, attempt = self._decide(request_id, "prefill", exc, attempt, failed)
@@ -107,7 +109,8 @@ class Orchestrator:
                 self.router.prefill_done(request_id)
                 if first and self.first_token_at == "prefill":
                     sent = first
-                    yield Generated(list(first), dict(perf), prefill.instance, None)
+                    yield Generated(list(first), dict(perf), prefill.instance, None, logits)
+                    logits = []
                 repeat = list(first)      # decode streams prefill's token(s) again: dropped when already sent
                 # the KV is on prefill.instance: a cohort that now excludes it has no decode that can read it
                 decode = await self._pick(cohort, lambda ex: self.router.pick_decode(
@@ -132,8 +135,12 @@ class Orchestrator:
                                 streamed = True
                                 if sent:
                                     tokens = self._drop_repeat(tokens, repeat, decode.instance)
-                            if tokens or chunk.final:   # prefill's own timings over decode's view of them
-                                yield Generated(tokens, {**chunk.perf, **perf}, prefill.instance, decode.instance)
+                            if chunk.generation_logits is not None:   # decode's, as it sent them (a repeat too)
+                                logits = logits + [chunk.generation_logits]
+                            if tokens or chunk.final or logits:   # prefill's own timings over decode's view
+                                yield Generated(tokens, {**chunk.perf, **perf}, prefill.instance, decode.instance,
+                                                logits)
+                                logits = []
                     return
                 except RoleError as exc:
                     if streamed or sent:   # the client has part of the answer: no retry can continue it
@@ -162,9 +169,9 @@ class Orchestrator:
         return tokens[len(repeat):]
 
     async def _prefill(self, instance: str, sub_id: str, ids: list[int], sampling: SamplingInputs,
-                       exported: "_Export") -> tuple[bytes, dict[str, float], list[int]]:
-        """(handle, perf, the token(s) prefill generated, if its answer carries them)."""
-        handle, perf, first = None, {}, []
+                       exported: "_Export") -> tuple[bytes, dict[str, float], list[int], list]:
+        """(handle, perf, the token(s) prefill generated if its answer carries them, their logits pieces)."""
+        handle, perf, first, logits = None, {}, [], []
         exported.waiting = True
         try:
             async with aclosing(self.clients[instance].stream(sub_id, "context_only", ids, sampling)) as chunks:
@@ -172,13 +179,15 @@ class Orchestrator:
                     handle = exported.handle = chunk.handle or handle
                     perf.update(chunk.perf)
                     first = first or list(chunk.token_ids)
+                    if chunk.generation_logits is not None:
+                        logits.append(chunk.generation_logits)
         except RoleError:
             exported.waiting = False    # prefill answered with an error: nothing was exported
             raise
         exported.waiting = False
         if handle is None:
             raise RoleError(f"prefill instance {instance} returned no context_phase_params", "internal", instance)
-        return handle, perf, first
+        return handle, perf, first, logits
 
     def _decide(self, request_id: str, stage: str, exc: RoleError, attempt: int, failed: frozenset[str],
                 culprit: str | None = None) -> tuple[frozenset[str], int]:
@@ -229,9 +238,10 @@ class Orchestrator:
                         if chunk.token_ids and not streamed:
                             self.router.prefill_done(request_id)
                             self.router.decode_started(request_id)
-                        if chunk.token_ids or chunk.final:
+                        logits = [] if chunk.generation_logits is None else [chunk.generation_logits]
+                        if chunk.token_ids or chunk.final or logits:
                             streamed = streamed or bool(chunk.token_ids)
-                            yield Generated(chunk.token_ids, chunk.perf, None, route.instance)
+                            yield Generated(chunk.token_ids, chunk.perf, None, route.instance, logits)
                 return
             except RoleError as exc:
                 if streamed:

@@ -7,7 +7,7 @@ A RoleTransport carries the two hops of a disaggregated request, as TensorRT-LLM
 - `""` (a colocated instance): the whole request on one instance.
 
 Implementations:
-- Triton's gRPC stream to a role model (trtpd/gateway/role_client.py, RoleClient): the handle is the bytes of
+- Triton's gRPC stream to a role model (trtpd/transports/triton_grpc.py, RoleClient): the handle is the bytes of
   the `context_phase_params` tensor; the first token comes from decode (the reference backend's layerwise
   transfer), or from prefill and again from decode (TensorRT-LLM's after-prefill transfer; the orchestrator
   drops the repeat, see Orchestrator's first_token_at).
@@ -22,9 +22,9 @@ Implementations:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Phase = Literal["context_only", "generation_only", ""]
 
@@ -61,6 +61,13 @@ class SamplingInputs:
     top_k: int = 0
     seed: int = 0
     end_id: int = -1                  # -1: no end id (ignore EOS)
+    return_generation_logits: bool = False   # each chunk carries its tokens' logits (generation_logits)
+    # A Triton client's own request tensors (TensorRT-LLM's names: request_output_len, end_id, temperature,
+    # stop_words_list, min_tokens, the penalties, ...; not input_ids, input_lengths or streaming), which the
+    # single server's entry forwards as they came, as upstream's BLS does: the Triton transport then sends these
+    # instead of the typed fields' tensors (which still say what the orchestrator and the routing core read);
+    # another transport refuses what it cannot carry
+    triton_inputs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +78,7 @@ class RoleChunk:
     handle: bytes | None = None       # context_only: what decode needs to pull the KV
     perf: dict[str, float] = field(default_factory=dict)    # the instance's timings (trtpd/perf_outputs.py names)
     final: bool = False
+    generation_logits: Any = None     # [1, 1, n, vocab] for this chunk's tokens (return_generation_logits)
 
 
 class RoleTransport(Protocol):

@@ -1,22 +1,29 @@
-"""Triton python model `disagg_bls`: the single server's orchestrator in front of its role models.
+"""Triton python model `disagg_bls`: the single server's entry in front of its role models.
 
-Disaggregated mode, per request (on its own thread, one sub-request at a time):
-1. send the request to the prefill model with request_type=context_only;
-2. send a generation_only request with the returned context_phase_params to the decode model and
-   forward its streamed tokens.
-kv_transfer=layerwise (reference engines): prefill answers with the signed handle as soon as the
-batch is scheduled, so decode pulls the KV layer by layer while prefill still computes; decode
-then streams every token, the first one included. kv_transfer=after_prefill (TensorRT-LLM's
-semantics): prefill answers after it finished, with the first token, which is streamed at once
-(TensorRT-LLM's own BLS does not stream it); decode's repeat of it is checked and dropped.
-Sub-requests of one client request never overlap: Triton 2.51's python backend crashes the server
-(boost::interprocess::lock_exception) when two BLS requests of the same parent are in flight.
-A non-streaming request gets one response with all tokens. Colocated mode forwards the request to
-the colocated model. Errors from either side reach the client as a Triton error.
+Each client request runs on a thread of its own through the one orchestrator (trtpd/orchestration/), the
+gateway's: it lives on an event loop of this stub (orchestration/blocking.py) and reaches this server's prefill
+and decode (or colocated) models over the server's own gRPC endpoint (trtpd/transports/triton_grpc.py, the
+gateway's transport; own_server.py finds the endpoint), with the routing core deciding what a failed
+sub-request means, as for a fleet. Not by BLS: Triton's python backend builds a BLS response's numpy arrays with
+the GIL released (python_backend src/infer_request.cc, InferRequest::Exec), and with the orchestrator reading many
+requests' responses at once the stub's heap was corrupted (docs/architecture.md).
+1. a context_only request to the prefill model;
+2. a generation_only request with the returned context_phase_params to the decode model, whose streamed
+   tokens are forwarded.
+kv_transfer=layerwise (reference engines): prefill answers with the signed handle as soon as the batch is
+scheduled, so decode pulls the KV layer by layer while prefill still computes; decode then streams every token,
+the first one included. kv_transfer=after_prefill (TensorRT-LLM's semantics): prefill answers after it finished,
+with the first token, which is streamed at once (first_token_at="prefill"; TensorRT-LLM's own BLS does not
+stream it); decode's repeat of it is checked and dropped. The client's inputs reach the role models as they came
+(upstream 1.2.1's disaggregated_serving_bls forwards them), every sub-request streaming.
+A non-streaming request gets one response with all tokens. Colocated mode sends the request to the colocated
+model. Errors from either side reach the client as a Triton error with the role model's code.
+A fleet's Triton entry (parameter fleet_file) hands each request to the fleet's gateway instead (fleet_bridge.py).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 import uuid
@@ -25,10 +32,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtpd.engine.request import ends_with
+from trtpd.orchestration.blocking import LoopThread
+from trtpd.orchestration.orchestrator import Orchestrator, OrchestratorError
+from trtpd.orchestration.transport import SamplingInputs
 from trtpd.perf_outputs import PERF_OUTPUTS as PERF_NAMES
 from trtpd.perf_outputs import perf_to_tensors
+from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 from trtpd.serving.admission import Admission, Overloaded, Slot
-from trtpd.serving.pb import error_response, kind_of, model_parameters, tensor
+from trtpd.serving.pb import error_response, model_parameters, tensor
 from trtpd.serving.request_parsing import parse_word_list
 from trtpd.serving.stub_watch import StubWatch
 
@@ -39,7 +50,6 @@ FORWARDED = ("input_ids", "input_lengths", "request_output_len", "end_id", "temp
              "runtime_top_k", "runtime_top_p", "seed", "min_tokens", "stop_words_list", "bad_words_list",
              "return_generation_logits", "len_penalty", "repetition_penalty", "presence_penalty",
              "frequency_penalty", "pad_id", "embedding_bias")
-ROLE_OUTPUTS = ["output_ids", "sequence_length", "context_phase_params"]
 DEFAULT_MAX_INFLIGHT = 24
 DEFAULT_MAX_QUEUED = 1000
 
@@ -50,20 +60,16 @@ class BlsError(Exception):
         self.kind = kind
 
 
-def _outputs(response) -> dict[str, np.ndarray]:
-    if response.has_error():
-        raise BlsError(response.error().message(), kind_of(response.error()))   # the role model's own code
-    return {t.name(): t.as_numpy() for t in response.output_tensors()}
-
-
 def _auth_key(key_file: str) -> bytes | None:
     from trtpd.kv.handle import load_or_create_key_file
     return load_or_create_key_file(key_file) if key_file else None
 
 
-def _tokens(outputs: dict) -> list[int]:
-    ids = outputs.get("output_ids")
-    return [] if ids is None else [int(t) for t in ids.reshape(-1)]
+def _keep_perf(job: "_Job", perf: dict[str, float]) -> None:
+    """First report wins (the orchestrator already puts prefill's own timings over decode's); seconds -> ms."""
+    for name, value in perf_to_tensors(perf).items():
+        if name in PERF_NAMES and name not in job.perf:
+            job.perf[name] = np.array([[value]], dtype=np.int64 if name == "kv_transfer_bytes" else np.float32)
 
 
 class _Job:
@@ -91,10 +97,18 @@ class _Job:
         wants = self.inputs.get("return_generation_logits")
         self.wants_logits = bool(wants is not None and wants.reshape(-1)[0])
         self.logits: list[np.ndarray] = []   # [1, 1, n, vocab] pieces, sent with the final response
+        self.steps = None    # the orchestrator's steps for this request, once they run (the stub watch cancels them)
 
-    def keep(self, outputs: dict) -> None:
-        if self.wants_logits and outputs.get("generation_logits") is not None:
-            self.logits.append(outputs["generation_logits"])
+    def sampling(self) -> SamplingInputs:
+        """What the orchestrator and the routing core read, and the client's own tensors, forwarded as they came."""
+        def value(name: str, default, kind):
+            return kind(self.inputs[name].reshape(-1)[0]) if name in self.inputs else default
+
+        forwarded = {n: v for n, v in self.inputs.items() if n not in ("input_ids", "input_lengths")}
+        return SamplingInputs(max_new_tokens=self.max_tokens, temperature=value("temperature", 0.0, float),
+                              top_p=value("runtime_top_p", 1.0, float), top_k=value("runtime_top_k", 0, int),
+                              seed=value("seed", 0, int), end_id=-1 if self.end_id is None else self.end_id,
+                              return_generation_logits=self.wants_logits, triton_inputs=forwarded)
 
     def ended_by_engine(self) -> bool:
         """Its last token ends it in the engine too (its length), not only here (a stop word)."""
@@ -168,9 +182,9 @@ class DisaggBls:
         self.colocated_model = params.get("colocated_model_name", "colocated")
         self.kv_transfer = params.get("kv_transfer", "after_prefill")
         self.auth_key = _auth_key(params.get("kv_key_file", ""))   # None: role models that check nothing (GPU)
-        # TensorRT-LLM role models have no perf outputs; ask only for what the role models declare
+        # the perf outputs trtpd's reference role models declare (TensorRT-LLM's declare none): checked here; the
+        # transport asks each role model for those its metadata declares
         extra = [n for n in params.get("perf_outputs", "").split(",") if n]
-        self.requested_outputs = ROLE_OUTPUTS + extra
         if self.mode not in ("disaggregated", "colocated"):
             raise ValueError(f"disagg_bls: parameter mode={self.mode!r}; use disaggregated or colocated")
         if self.kv_transfer not in ("layerwise", "after_prefill"):
@@ -188,9 +202,15 @@ class DisaggBls:
                                         on_stopping=self._on_death)
         # a fleet's Triton entry: the role instances are other servers, routed by the routing core
         self.fleet = None
+        self.orchestration: _OwnServer | None = None
         if params.get("fleet_file"):
             from trtpd.serving.fleet_bridge import FleetBridge
             self.fleet = FleetBridge(params["fleet_file"])
+        else:
+            roles = ({self.colocated_model: "colocated"} if self.mode == "colocated" else
+                     {self.context_model: "prefill", self.generation_model: "decode"})
+            self.orchestration = _OwnServer(self.mode, roles, self.auth_key, self.kv_transfer == "layerwise",
+                                            params.get("server_grpc_url", ""))
 
     def _on_death(self, message: str) -> int:
         """Fails every in-flight job with `message` (UNAVAILABLE) and frees its slot; returns how many."""
@@ -201,6 +221,8 @@ class DisaggBls:
         for job, slot in jobs:
             failed += job.fail(message, "unavailable")
             slot.release()
+            if job.steps is not None:
+                job.steps.cancel()    # its sub-request is cancelled too: the thread waiting on it moves on
         return failed
 
     def finalize(self) -> None:
@@ -208,25 +230,13 @@ class DisaggBls:
             self.watch.stop()
         if self.fleet is not None:
             self.fleet.close()
+        if self.orchestration is not None:
+            self.orchestration.stop()
 
     def execute(self, requests):
         for request in requests:
             threading.Thread(target=self._serve, args=(request,), daemon=True).start()
         return None
-
-    def _sub_request(self, job: _Job, model: str, params: dict, extra: list) -> object:
-        """Every sub-request streams, whatever the client asked (upstream 1.2.1's BLS forwards the client's flag):
-        tokens are relayed as they come, a client that left is noticed between tokens, and a non-streaming client
-        still gets one response with every token. The context request's single response is the same either way."""
-        if self.auth_key is not None:   # proves to the role model that the orchestrator sent it (kv/auth.py)
-            from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
-            params = {**params, AUTH_PARAMETER: orchestrator_token(
-                self.auth_key, params.get("request_type", ""), job.inputs.get("input_ids"), time.time())}
-        inputs = [tensor(name, value) for name, value in job.inputs.items()]
-        inputs += [tensor("streaming", np.array([[True]], dtype=np.bool_))] + extra
-        wanted = self.requested_outputs + (["generation_logits"] if job.wants_logits else [])
-        return pb_utils.InferenceRequest(model_name=model, inputs=inputs, parameters=params,
-                                         requested_output_names=wanted)
 
     def _serve(self, request) -> None:
         try:
@@ -246,10 +256,8 @@ class DisaggBls:
                 return
             if self.fleet is not None:
                 self._through_fleet(job, slot)
-            elif self.mode == "colocated":
-                self._colocated(job, slot)
             else:
-                self._disaggregated(job, slot)
+                self._orchestrated(job, slot)
             job.complete()   # the stream ended: what it gave is the answer (the end id is never a token)
         except Overloaded as exc:
             job.fail(str(exc), "unavailable")
@@ -265,15 +273,9 @@ class DisaggBls:
     def _through_fleet(self, job: _Job, slot: Slot) -> None:
         """Prefill and decode on the fleet's instances (or a colocated one), through the fleet's gateway, which
         admits, routes, measures and samples the request as it does its OpenAI clients' (fleet_bridge.py)."""
-        from trtpd.orchestration.transport import SamplingInputs
         from trtpd.serving.fleet_bridge import BridgeError
 
-        def value(name: str, default, kind):
-            return kind(job.inputs[name].reshape(-1)[0]) if name in job.inputs else default
-
-        sampling = SamplingInputs(max_new_tokens=job.max_tokens, temperature=value("temperature", 0.0, float),
-                                  top_p=value("runtime_top_p", 1.0, float), top_k=value("runtime_top_k", 0, int),
-                                  seed=value("seed", 0, int), end_id=-1 if job.end_id is None else job.end_id)
+        sampling = job.sampling()   # the gateway takes the typed fields (its /admin/generate body)
         ids = [int(t) for t in job.inputs["input_ids"].reshape(-1)]
         try:
             request = self.fleet.serve(uuid.uuid4().hex[:16], ids, sampling)
@@ -284,10 +286,7 @@ class DisaggBls:
                 slot.release()
                 if job.cancelled():   # the client went away: closing the request cancels the remote one
                     return
-                for name, value in perf_to_tensors(step["perf"]).items():   # seconds -> the tensors' ms
-                    if name in PERF_NAMES and name not in job.perf:
-                        dtype = np.int64 if name == "kv_transfer_bytes" else np.float32
-                        job.perf[name] = np.array([[value]], dtype=dtype)
+                _keep_perf(job, step["perf"])
                 job.send_tokens(step["token_ids"])
                 if job.finished:
                     if job.ended_by_engine():   # the fleet ends it too: read its end, so it counts as served
@@ -298,56 +297,92 @@ class DisaggBls:
         finally:
             request.close()
 
-    def _keep_perf(self, job: _Job, outputs: dict) -> None:
-        """First report wins: prefill's own timings over decode's view of them."""
-        for name in PERF_NAMES:
-            if name in outputs and name not in job.perf:
-                job.perf[name] = outputs[name]
+    def _orchestrated(self, job: _Job, slot: Slot) -> None:
+        """The one orchestrator over this server's role models (_OwnServer). After-prefill transfer: prefill's first
+        token is sent at once and decode's repeat of it checked and dropped; layerwise: decode streams every token."""
+        steps = job.steps = self.orchestration.steps(uuid.uuid4().hex[:16],
+                                                     [int(t) for t in job.inputs["input_ids"].reshape(-1)],
+                                                     job.sampling())
+        try:
+            for step in steps:
+                if step.decode_instance is not None:
+                    slot.release()   # decode answered (the KV is pulled): the rest streams without a slot
+                if job.cancelled():   # the client went away: closing the steps cancels the sub-request
+                    return
+                _keep_perf(job, step.perf)
+                job.logits.extend(step.generation_logits)
+                job.send_tokens(step.token_ids)
+                if job.finished and not job.ended_by_engine():
+                    return   # a stop word ended it here: closing the steps cancels decode
+                # ended by its length: read on to the end, so that decode still pulls the KV (with
+                # request_output_len 1 prefill's token is the whole answer) and prefill frees it at once instead
+                # of at the transfer timeout
+        except OrchestratorError as exc:
+            raise BlsError(str(exc), exc.kind) from None
+        except concurrent.futures.CancelledError:
+            return   # the stub watch failed the job (a role model's stub died) and cancelled its steps
+        finally:
+            steps.close()
 
-    def _colocated(self, job: _Job, slot: Slot) -> None:
-        for response in self._sub_request(job, self.colocated_model, {}, []).exec(decoupled=True):
-            slot.release()   # prefilled: the rest streams without holding a pool thread
-            outputs = _outputs(response)
-            self._keep_perf(job, outputs)
-            job.keep(outputs)
-            job.send_tokens(_tokens(outputs))
 
-    def _disaggregated(self, job: _Job, slot: Slot) -> None:
-        params = {"request_type": "context_only"}
-        if self.kv_transfer == "layerwise" and not job.wants_logits:   # the first token's logits come from prefill
-            params["layerwise_kv_transfer"] = True
-        handle, first_token = None, None
-        for response in self._sub_request(job, self.context_model, params, []).exec(decoupled=True):
-            outputs = _outputs(response)
-            self._keep_perf(job, outputs)
-            job.keep(outputs)
-            handle = outputs.get("context_phase_params", handle)
-            tokens = _tokens(outputs)
-            if tokens and first_token is None:
-                first_token = tokens[0]
-                job.send_tokens([first_token])
-        if handle is None:
-            raise BlsError(f"{self.context_model} returned no context_phase_params", "internal")
-        # With request_output_len 1 prefill's token is the whole answer, but decode still pulls the KV
-        # (and sends nothing more), so prefill frees it at once instead of at the transfer timeout.
-        extra = [tensor("context_phase_params", handle.reshape(1, -1).astype(np.uint8))]
-        skip_first = first_token is not None
-        responses = self._sub_request(job, self.generation_model, {"request_type": "generation_only"},
-                                      extra).exec(decoupled=True)
-        for response in responses:
-            slot.release()   # decode answered: the KV is pulled, the rest streams without a pool thread
-            if job.cancelled():   # the client went away: stop decoding
-                cancel = getattr(responses, "cancel", None)
-                if cancel is not None:
-                    cancel()
-                return
-            outputs = _outputs(response)
-            self._keep_perf(job, outputs)
-            job.keep(outputs)
-            tokens = _tokens(outputs)
-            if tokens and skip_first:
-                skip_first = False
-                if tokens[0] != first_token:
-                    raise BlsError(f"decode's first token {tokens[0]} differs from prefill's {first_token}", "internal")
-                tokens = tokens[1:]
-            job.send_tokens(tokens)
+class _OwnServer:
+    """The orchestrator over this server's own role models, one instance each, on an event loop of this stub;
+    the request threads take their steps from it (orchestration/blocking.py)."""
+
+    def __init__(self, mode: str, roles: dict[str, str], key: bytes | None, layerwise: bool, grpc_url: str) -> None:
+        self.mode, self.roles, self.key, self.layerwise = mode, roles, key, layerwise
+        self.views = [InstanceView(model, role) for model, role in roles.items()]
+        self.grpc_url = grpc_url            # "" : the server's own, read from its command line at the first request
+        self.loop = LoopThread("disagg_bls-orchestrator")
+        self.orchestrator: Orchestrator | None = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> Orchestrator:
+        from trtpd.serving.own_server import own_grpc_url
+        from trtpd.transports.triton_grpc import RoleClient
+
+        url = self.grpc_url or own_grpc_url()
+
+        async def clients():   # grpc's asyncio channels belong to the loop they are made on
+            return {model: RoleClient(model, url, model, self.key, self.layerwise) for model in self.roles}
+
+        router = Router(RoutingPolicy())
+        return Orchestrator(self.mode, router, self.loop.run(clients()), first_token_at="prefill",
+                            give_up=self._give_up)
+
+    def steps(self, request_id: str, prompt_ids: list[int], sampling: SamplingInputs):
+        with self.lock:
+            if self.orchestrator is None:
+                self.orchestrator = self._start()
+        return self.loop.steps(self._generate(request_id, prompt_ids, sampling))
+
+    async def _generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingInputs):
+        # every request finds both role models ready: one marked unhealthy by an earlier request's failure (a full
+        # queue, say) is not refused to every later one, as the gateway's load probes would clear it for a fleet
+        self.orchestrator.router.update(self.views, time.monotonic())
+        async for step in self.orchestrator.generate(request_id, prompt_ids, sampling):
+            yield step
+
+    def _give_up(self, instance: str, sub_request_id: str, handle: bytes | None) -> None:
+        """A prefill export no decode will pull: prefill frees it now, not at the export's deadline (by its
+        handle; without one, the deadline frees it)."""
+        if handle is None or self.key is None:
+            return
+        self.loop.loop.run_in_executor(None, _give_up_now, handle, self.key)
+
+    def stop(self) -> None:
+        if self.orchestrator is not None:
+            for client in self.orchestrator.clients.values():
+                try:
+                    self.loop.run(client.close(), timeout_s=2.0)
+                except Exception:   # noqa: BLE001 - the server is going away
+                    pass
+        self.loop.stop()
+
+
+def _give_up_now(handle: bytes, key: bytes) -> None:
+    from trtpd.kv.importer import give_up_handle
+    try:
+        give_up_handle(handle, key)
+    except Exception:   # noqa: BLE001 - an exporter that is gone, a handle that expired: the deadline frees it
+        pass

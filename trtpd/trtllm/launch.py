@@ -95,6 +95,39 @@ def install_python_package_lines() -> list[str]:
     ]
 
 
+# The version trtpd's own environment pins (pyproject.toml); Triton's gRPC inference protocol (KServe v2,
+# grpc_service.proto) is the same for the 26.04 server.
+TRITONCLIENT = "2.73.0"
+DEPS_DIR = "python-deps"
+
+
+def grpc_client_lines() -> list[str]:
+    """Shell lines (after install_python_package_lines) that make tritonclient's gRPC client importable by the
+    python models: the ensemble's disagg_bls reaches this server's role models over its own gRPC endpoint with it
+    (trtpd/serving/bls_model.py: BLS corrupts the python backend's heap under concurrent requests). Whether the
+    26.04 container's venv has it is not checked here; where it lacks it, it goes into the deploy folder's
+    python-deps/ (pip --target: the container's own site-packages stay as they are), listed in the .pth after
+    trtpd's copy. A container whose own packages clash with it (protobuf older than tritonclient's >= 6.30) fails
+    the check, and the script stops naming it."""
+    deps = f"$DEPLOY_DIR/{DEPS_DIR}"
+    check = "python3 -I -c 'import tritonclient.grpc.aio'"
+    return [
+        f"if ! {check} 2>/dev/null; then",
+        f'  echo "launch_triton.sh: installing tritonclient[grpc]=={TRITONCLIENT} into {deps} (disagg_bls reaches the '
+        f'role models over gRPC)" >&2',
+        f'  python3 -m pip install --quiet --target "{deps}" "tritonclient[grpc]=={TRITONCLIENT}" || {{',
+        f'    echo "launch_triton.sh: pip could not install tritonclient[grpc]=={TRITONCLIENT}; install it for python3 '
+        f'on PATH ($SITE_PACKAGES) and rerun" >&2; exit 1; }}',
+        f'  echo "{deps}" >> "$SITE_PACKAGES/{PTH_NAME}"',
+        f"  if ! {check}; then",
+        f'    echo "launch_triton.sh: python3 -I cannot import tritonclient.grpc.aio from {deps} (see the error above; '
+        f'a protobuf older than 6.30 in $SITE_PACKAGES?)" >&2',
+        "    exit 1",
+        "  fi",
+        "fi",
+    ]
+
+
 def tritonserver_guard_lines() -> list[str]:
     """Stop at once, naming the image to use, where this image has no tritonserver (TensorRT-LLM's release
     image has none; trtllm/containers.py)."""
@@ -147,6 +180,7 @@ def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: 
         'DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
         *guard_lines("launch_triton.sh", "$DEPLOY_DIR/" + TOKENIZER_DIR),
         *install_python_package_lines(),
+        *grpc_client_lines(),
         f"exec {body}",
         "",
     ])

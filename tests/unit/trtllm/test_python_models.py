@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from trtpd.trtllm.deploy import plan_deploy, write_deploy
-from trtpd.trtllm.launch import PTH_NAME, install_python_package_lines
+from trtpd.trtllm.launch import DEPS_DIR, PTH_NAME, TRITONCLIENT, grpc_client_lines, install_python_package_lines
 from trtpd.trtllm.plan import plan_build
 from trtpd.trtllm.recipe import load_recipes
 from trtpd.trtllm.spec import BuildOverrides, make_request
@@ -116,3 +116,35 @@ def test_launch_install_lines_refuse_a_missing_copy(tmp_path):
     script = "set -euo pipefail\n" + f'DEPLOY_DIR="{tmp_path}"\n' + "\n".join(install_python_package_lines()) + "\n"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "python/trtpd is missing" in out.stderr
+
+
+def _grpc_client_script(deploy: Path, venv: Path) -> tuple[str, dict]:
+    site = next(venv.glob("lib/python*/site-packages"))
+    script = ("set -euo pipefail\n" + f'DEPLOY_DIR="{deploy}"\nSITE_PACKAGES="{site}"\n' + "\n".join(grpc_client_lines())
+              + "\necho reached-the-end\n")
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("PYTHONPATH", None)
+    return script, env
+
+
+def test_launch_grpc_client_lines_pass_where_python3_has_tritonclient(deploy, tmp_path):
+    """disagg_bls reaches the role models with tritonclient's gRPC client: a python3 that has it (a venv that
+    sees trtpd's own environment, which pins it) needs no install."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True,
+                   timeout=120)
+    (next(venv.glob("lib/python*/site-packages")) / "sees-trtpds-env.pth").write_text(
+        next(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    script, env = _grpc_client_script(deploy, venv)
+    out = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "reached-the-end" in out.stdout, out.stderr
+    assert "installing" not in out.stderr and not (deploy / DEPS_DIR).exists()
+
+
+def test_launch_grpc_client_lines_stop_naming_what_to_install_where_pip_cannot(deploy, tmp_path):
+    venv = tmp_path / "venv"          # no tritonclient and no pip: nothing is fetched
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    script, env = _grpc_client_script(deploy, venv)
+    out = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "reached-the-end" not in out.stdout
+    assert f"pip could not install tritonclient[grpc]=={TRITONCLIENT}" in out.stderr

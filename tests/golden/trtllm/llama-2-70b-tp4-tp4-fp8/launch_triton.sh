@@ -42,6 +42,16 @@ if ! TRTPD_SRC="$DEPLOY_DIR/python" python3 -I -c 'import os, trtpd; raise Syste
   echo "launch_triton.sh: python3 -I does not import trtpd from $DEPLOY_DIR/python (another trtpd installed in $SITE_PACKAGES?)" >&2
   exit 1
 fi
+if ! python3 -I -c 'import tritonclient.grpc.aio' 2>/dev/null; then
+  echo "launch_triton.sh: installing tritonclient[grpc]==2.73.0 into $DEPLOY_DIR/python-deps (disagg_bls reaches the role models over gRPC)" >&2
+  python3 -m pip install --quiet --target "$DEPLOY_DIR/python-deps" "tritonclient[grpc]==2.73.0" || {
+    echo "launch_triton.sh: pip could not install tritonclient[grpc]==2.73.0; install it for python3 on PATH ($SITE_PACKAGES) and rerun" >&2; exit 1; }
+  echo "$DEPLOY_DIR/python-deps" >> "$SITE_PACKAGES/trtpd-deploy.pth"
+  if ! python3 -I -c 'import tritonclient.grpc.aio'; then
+    echo "launch_triton.sh: python3 -I cannot import tritonclient.grpc.aio from $DEPLOY_DIR/python-deps (see the error above; a protobuf older than 6.30 in $SITE_PACKAGES?)" >&2
+    exit 1
+  fi
+fi
 exec mpirun --allow-run-as-root -x TRTLLM_ORCHESTRATOR -x TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES -x TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE \
     -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_ \
     : -n 1 /opt/tritonserver/bin/tritonserver --model-repository=/srv/trtpd/engines/llama-2-70b/deploy/model_repository --http-port=8000 --grpc-port=8001 --metrics-port=8002 --disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix1_ --model-control-mode=explicit --load-model=prefill --load-model=decode \

@@ -1,9 +1,11 @@
 """One sub-request to a role instance over Triton's gRPC stream (tritonclient.grpc.aio): the first RoleTransport
-(trtpd/orchestration/transport.py).
+(trtpd/orchestration/transport.py). The gateway reaches a fleet's instances with it; the single server's entry
+(trtpd/serving/bls_model.py) reaches its own server's role models with it.
 
-The tensors and parameters are the ones the in-server orchestrator sends (trtpd/serving/bls_model.py):
-TensorRT-LLM's `tensorrt_llm` interface, `request_type` context_only / generation_only, the signed
-`context_phase_params` handle, and the orchestrator's `trtpd_auth` token that role models require.
+The tensors and parameters are TensorRT-LLM's `tensorrt_llm` interface, as upstream's disaggregated BLS
+(triton_backend/all_models/disaggregated_serving/disaggregated_serving_bls at v1.2.1) sends them: the client's
+inputs, `request_type` context_only / generation_only, the `context_phase_params` handle (signed by trtpd's
+reference prefill), and the orchestrator's `trtpd_auth` token that trtpd's role models require.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import AsyncIterator
 import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcaio
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from trtpd.kv.auth import AUTH_PARAMETER, orchestrator_token
 from trtpd.orchestration.transport import RoleChunk, RoleError, SamplingInputs
@@ -24,7 +26,7 @@ from trtpd.perf_outputs import perf_from_tensors
 from trtpd import error_kinds
 
 OUTPUTS = ("output_ids", "sequence_length", "context_phase_params") + PERF_NAMES
-_DTYPES = {np.int32: "INT32", np.uint64: "UINT64", np.float32: "FP32", np.bool_: "BOOL", np.uint8: "UINT8"}
+LOGITS = "generation_logits"
 
 
 def sampling_tensors(sampling: SamplingInputs) -> dict[str, np.ndarray]:
@@ -49,21 +51,25 @@ def _role_error(message: str, instance: str) -> RoleError:
 def _infer_inputs(tensors: dict[str, np.ndarray]) -> list:
     inputs = []
     for name, value in tensors.items():
-        t = grpcaio.InferInput(name, list(value.shape), _DTYPES[value.dtype.type])
+        t = grpcaio.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
         t.set_data_from_numpy(value)
         inputs.append(t)
     return inputs
 
 
 class RoleClient:
-    """A gRPC connection to one instance (kept open; calls multiplex over it): a RoleTransport."""
+    """A gRPC connection to one instance (kept open; calls multiplex over it): a RoleTransport.
+    key: the deployment key that signs the orchestrator's token (None: role models that check none, TensorRT-LLM's).
+    layerwise: ask prefill for the layerwise KV transfer (trtpd's reference role models; TensorRT-LLM ignores it)."""
 
-    def __init__(self, name: str, url: str, model: str, key: bytes) -> None:
+    def __init__(self, name: str, url: str, model: str, key: bytes | None, layerwise: bool = True) -> None:
         self.name = name
         self.model = model
         self.key = key
+        self.layerwise = layerwise
         self.client = grpcaio.InferenceServerClient(url)
         self._outputs: tuple[str, ...] | None = None
+        self._has_logits = False
 
     async def outputs(self) -> tuple[str, ...]:
         """The outputs of OUTPUTS the role model declares, from its model metadata (read once): trtpd's reference
@@ -77,25 +83,36 @@ class RoleClient:
                                 "unavailable", self.name, transport=True) from None
             declared = {o["name"] for o in meta.get("outputs", [])}
             self._outputs = tuple(n for n in OUTPUTS if n in declared)
+            self._has_logits = LOGITS in declared
         return self._outputs
 
     async def close(self) -> None:
         await self.client.close()
 
     async def stream(self, request_id: str, request_type: str, prompt_ids: list[int], sampling: SamplingInputs,
-                     handle: bytes | None = None, layerwise: bool = True) -> AsyncIterator[RoleChunk]:
+                     handle: bytes | None = None) -> AsyncIterator[RoleChunk]:
         """Sends one request and yields its responses until the final one; cancels it if the consumer stops."""
         ids = np.array([prompt_ids], dtype=np.int32)
-        tensors = {"input_ids": ids, "input_lengths": np.array([[len(prompt_ids)]], np.int32),
-                   **sampling_tensors(sampling)}
+        # a Triton client's own tensors go as they came (upstream's BLS forwards them unchanged), else the typed ones
+        sent = dict(sampling.triton_inputs) or sampling_tensors(sampling)
+        tensors = {**sent, "input_ids": ids, "input_lengths": np.array([[len(prompt_ids)]], np.int32),
+                   "streaming": np.array([[True]], np.bool_)}
         if handle is not None:
             tensors["context_phase_params"] = np.frombuffer(handle, dtype=np.uint8).reshape(1, -1)
-        params = {AUTH_PARAMETER: orchestrator_token(self.key, request_type, ids, time.time())}
+        params = {} if self.key is None else {
+            AUTH_PARAMETER: orchestrator_token(self.key, request_type, ids, time.time())}
         if request_type:
             params["request_type"] = request_type
-        if request_type == "context_only" and layerwise:
+        # the first token's logits come from prefill's own answer: no layerwise transfer when they are asked for
+        if request_type == "context_only" and self.layerwise and not sampling.return_generation_logits:
             params["layerwise_kv_transfer"] = True
         outputs = await self.outputs()
+        if sampling.return_generation_logits:
+            if not self._has_logits:
+                raise RoleError(f"instance {self.name}: model {self.model} has no {LOGITS} output",
+                                "invalid_arg", self.name)
+            tensors["return_generation_logits"] = np.array([[True]], np.bool_)
+            outputs += (LOGITS,)
         done = asyncio.Event()
 
         async def requests():
@@ -153,6 +170,8 @@ def _chunk(result) -> RoleChunk:
             values[name] = float(value.reshape(-1)[0])
     perf = perf_from_tensors(values)     # seconds from here on (the tensors carry milliseconds)
     final = result.get_response().parameters.get("triton_final_response")
+    logits = result.as_numpy(LOGITS)
     return RoleChunk([] if ids is None else [int(t) for t in ids.reshape(-1)],
                      None if handle is None or not handle.size else handle.astype(np.uint8).tobytes(), perf,
-                     bool(final is not None and final.bool_param))
+                     bool(final is not None and final.bool_param),
+                     None if logits is None or not logits.size else logits)
