@@ -44,12 +44,12 @@ def grpc_url_from_argv(argv: list[str]) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def own_grpc_url() -> str:
-    """This stub's tritonserver's gRPC address, host:port."""
-    parent = os.getppid()
+def own_grpc_url(server_pid: int | None = None) -> str:
+    """The gRPC address, host:port, of the tritonserver `server_pid` (default: this stub's parent, its server)."""
+    pid = os.getppid() if server_pid is None else server_pid
     try:
-        with open(f"/proc/{parent}/cmdline", "rb") as f:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
     except OSError as exc:
-        raise OwnServerError(f"cannot read the command line of tritonserver (pid {parent}): {exc}") from None
+        raise OwnServerError(f"cannot read the command line of tritonserver (pid {pid}): {exc}") from None
     return grpc_url_from_argv(argv[1:])
