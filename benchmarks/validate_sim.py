@@ -10,7 +10,12 @@
    the relative error, and the mean absolute percentage error (MAPE) per workload (goal: every P50/P90 and
    goodput within 15%; BLIS's published MAPE is 11.8% E2E). ITL is not compared: the simulator records a
    request's first and last token, not each token.
+5. --account: where each cell's mean TTFT goes, real against simulated, term by term: the engines' own TTFT
+   breakdown (prefill queue, prefill compute, decode queue, KV transfer: the perf outputs each real request
+   carries, the simulator's TtftBreakdown) and the rest (the serving path: client, ensemble, pre/post-processing,
+   the entry's hops; the simulator's response latency), and the mean TPOT.
 Run: .venv/bin/python benchmarks/validate_sim.py [--workloads cpu-demo,...] [--rates 1,2,3] [--num-requests 40]
+     [--account]
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from trtpd.perf.hardware import curves_origin, load_hardware
 from trtpd.repo.reference import ReferenceDeployment
 from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
 from trtpd.percentiles import quantile
-from trtpd.sim.metrics import Latencies, latencies
+from trtpd.sim.metrics import Latencies, latencies, summarize
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
 
@@ -54,6 +59,31 @@ def real_latencies(results) -> Latencies:
     return Latencies(ttft, tpot, np.array([r.error is None and r.ttft_s is not None for r in results]))
 
 
+# (term, the real request's perf output, the simulator's TtftBreakdown field)
+TTFT_TERMS = (("prefill queue", "prefill_queue_ms", "prefill_queue_s"),
+              ("prefill compute", "prefill_compute_ms", "prefill_compute_s"),
+              ("decode queue", "decode_queue_ms", "decode_queue_s"),
+              ("KV transfer", "kv_transfer_ms", "kv_transfer_s"))
+
+
+def real_terms_ms(results) -> dict[str, float]:
+    """Mean ms of each TTFT term over the real requests that have a first token; "rest" is TTFT minus them."""
+    done = [r for r in results if r.error is None and r.ttft_s is not None]
+    terms = {name: float(np.mean([r.perf.get(key, 0.0) for r in done])) for name, key, _ in TTFT_TERMS}
+    ttft = float(np.mean([r.ttft_s for r in done])) * 1e3
+    tpot = [r.tpot_s for r in done if r.tpot_s is not None]
+    return {**terms, "rest": ttft - sum(terms.values()), "TTFT": ttft,
+            "TPOT": float(np.mean(tpot)) * 1e3 if tpot else float("nan")}
+
+
+def sim_terms_ms(run) -> dict[str, float]:
+    summary, lat = summarize(run, warmup_fraction=0.0), latencies(run, warmup_fraction=0.0)
+    b = summary.ttft_breakdown
+    terms = {name: (getattr(b, field) * 1e3 if b else 0.0) for name, _, field in TTFT_TERMS}
+    ttft = float(np.nanmean(lat.ttft_s)) * 1e3
+    return {**terms, "rest": ttft - sum(terms.values()), "TTFT": ttft, "TPOT": float(np.nanmean(lat.tpot_s)) * 1e3}
+
+
 def error(sim: float, real: float) -> float:
     return (sim - real) / real if real else float("nan")
 
@@ -70,6 +100,7 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, help="hardware YAML with measured curves and serving overhead "
                     "(default: measure this machine now with `trtpd profile --serving`)")
     ap.add_argument("--kv-link-bytes-per-s", type=float, default=10e9, help="shm transfer bandwidth")
+    ap.add_argument("--account", action="store_true", help="also print each cell's mean TTFT term by term")
     args = ap.parse_args()
     workloads = [w for w in args.workloads.split(",") if w]
     rates = [float(r) for r in args.rates.split(",") if r]
@@ -95,6 +126,7 @@ def main() -> int:
     requests = {c: make_requests(tokenizer, c[0], c[1], args.num_requests, args.seed, 2048) for c in cells}
     arrays = {c: generate_requests(load_workload(c[0]), c[1], args.num_requests, args.seed) for c in cells}
     real: dict[tuple, Latencies] = {}
+    real_terms: dict[tuple, dict[str, float]] = {}
     for workload in workloads:
         for mode in MODES:
             dep = deployment.up(f"validate-{mode}", ReferenceDeployment(root, mode=mode, colocated_instances=2),
@@ -108,18 +140,21 @@ def main() -> int:
                     if errors:
                         print(f"{workload} {mode} {rate:g}/s: {len(errors)} errors, e.g. {errors[0]}")
                     real[(workload, rate, mode)] = real_latencies(results)
+                    real_terms[(workload, rate, mode)] = real_terms_ms(results)
             finally:
                 deployment.down(dep.name)
 
     print(f"\n{args.num_requests} requests per cell, seed {args.seed}, SLO TTFT <= {args.ttft_slo_s:g} s, "
           f"TPOT <= {args.tpot_slo_s * 1e3:g} ms; simulated with curves from {hw_path}")
     print(f"{'workload':<18} {'rate':>4} {'mode':<14} {'metric':<10} {'real':>9} {'sim':>9} {'error':>7}")
-    worst_decisive, summary = 0.0, {}
+    worst_decisive, summary, sim_terms = 0.0, {}, {}
     for workload in workloads:
         errs: list[float] = []
         for rate in rates:
             for mode in MODES:
-                lat = latencies(simulate(clusters[mode], arrays[(workload, rate)]), warmup_fraction=0.0)
+                run = simulate(clusters[mode], arrays[(workload, rate)])
+                sim_terms[(workload, rate, mode)] = sim_terms_ms(run)
+                lat = latencies(run, warmup_fraction=0.0)
                 sim, obs = lat, real[(workload, rate, mode)]
                 rows = [(f"{m.split('_')[0].upper()} P{p}", pct_ms(getattr(obs, m), p), pct_ms(getattr(sim, m), p),
                          p < 99) for m in ("ttft_s", "tpot_s") for p in PERCENTILES]
@@ -138,7 +173,20 @@ def main() -> int:
     for workload, mape in summary.items():
         print(f"MAPE {workload:<18} {mape:.1%}")
     print(f"largest |error| among P50/P90 and goodput: {worst_decisive:.0%} (goal: 15%)")
+    if args.account:
+        print_account(real_terms, sim_terms)
     return 0
+
+
+def print_account(real_terms: dict, sim_terms: dict) -> None:
+    """Mean ms per term, real and simulated, and what the simulator misses (sim - real) on each."""
+    names = [n for n, _, _ in TTFT_TERMS] + ["rest", "TTFT", "TPOT"]
+    print("\nmean ms per term, real / simulated (sim - real); rest = TTFT minus the engines' terms")
+    print(f"{'workload':<18} {'rate':>4} {'mode':<14} " + " ".join(f"{n:>22}" for n in names))
+    for (workload, rate, mode), obs in real_terms.items():
+        sim = sim_terms[(workload, rate, mode)]
+        cells = [f"{obs[n]:>6.1f}/{sim[n]:>6.1f} ({sim[n] - obs[n]:>+6.1f})" for n in names]
+        print(f"{workload:<18} {rate:>4g} {mode:<14} " + " ".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":
