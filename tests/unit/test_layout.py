@@ -186,6 +186,16 @@ def test_the_gateway_imports_no_host_control_and_no_stub_code():
     assert not violations(ROOT, GATEWAY, banned)
 
 
+TRANSPORTS = ("transports",)
+
+
+def test_transports_run_in_the_gateway_and_in_the_stub_so_import_neither_side():
+    """A RoleTransport runs wherever its orchestrator runs: the gateway process and the single server's python
+    stub. So it may import neither room's code, nor a server framework (the stub's rule), nor host control."""
+    banned = SERVER_FRAMEWORKS + ("trtpd.cli", "trtpd.controller", "trtpd.fleet", "trtpd.gateway", "trtpd.serving")
+    assert not violations(ROOT, TRANSPORTS, banned)
+
+
 def test_a_planted_violation_is_caught(tmp_path):
     """The checks above are not vacuous: a pure core that starts a process, stub code that imports uvicorn lazily,
     and a gateway module that reaches into the fleet are each reported with file and line."""
@@ -199,6 +209,10 @@ def test_a_planted_violation_is_caught(tmp_path):
     assert violations(tmp_path, ("serving/role_model.py",), SERVER_FRAMEWORKS) == [
         "serving/role_model.py:2 imports uvicorn"]
     assert violations(tmp_path, GATEWAY, ("trtpd.fleet",)) == ["gateway/app.py:1 imports trtpd.fleet.records"]
+    (tmp_path / "transports").mkdir()
+    (tmp_path / "transports" / "triton_grpc.py").write_text("from trtpd.gateway.config import GatewayConfig\n")
+    assert violations(tmp_path, TRANSPORTS, ("trtpd.gateway",)) == [
+        "transports/triton_grpc.py:1 imports trtpd.gateway.config"]
 
 
 # ---- names: no two public classes share a name with different meanings ------------------------------------
