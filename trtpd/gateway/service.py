@@ -69,17 +69,8 @@ class FleetService:
         export (by its handle, or by the sub-request's id when the handle never arrived), so it frees the blocks
         now (best effort: the export's deadline frees them otherwise)."""
         endpoint = next((i.kv_endpoint for i in self.config.instances if i.name == instance), "")
-        asyncio.get_running_loop().run_in_executor(None, self._give_up_now, endpoint, request_id, handle)
-
-    def _give_up_now(self, endpoint: str, request_id: str, handle: bytes | None) -> None:
-        from trtpd.kv.importer import give_up_handle, give_up_request
-        try:
-            if handle is not None:
-                give_up_handle(handle, self.key)
-            elif endpoint:
-                give_up_request(endpoint, request_id, self.key)
-        except Exception as exc:   # noqa: BLE001 - an exporter that is gone, a handle that expired
-            log.info("could not give up a prefill's KV (%s); it is freed at the export's deadline", exc)
+        from trtpd.kv.importer import give_up_best_effort
+        asyncio.get_running_loop().run_in_executor(None, give_up_best_effort, self.key, handle, endpoint, request_id)
 
     async def stop(self) -> None:
         if self._poller is not None:

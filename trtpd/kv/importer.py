@@ -327,6 +327,26 @@ def give_up_request(endpoint: str, request_id: str, key: bytes, timeout_s: float
     return _GiveUpRequest(key, endpoint, request_id, timeout_s).run(None)
 
 
+def give_up_best_effort(key: bytes, handle: bytes | None, endpoint: str = "", request_id: str = "") -> bool:
+    """The orchestrator's give-up of a prefill export no decode will pull, for a worker thread: by its handle, or
+    (no handle: the client left while prefill's answer was on its way) by the sub-request's id on `endpoint`.
+    Best effort: an exporter that is gone or a handle that expired is logged, and the export's deadline frees the
+    blocks. Returns whether the exporter was told."""
+    try:
+        if handle is not None:
+            give_up_handle(handle, key)
+        elif endpoint and request_id:
+            give_up_request(endpoint, request_id, key)
+        else:
+            return False
+        return True
+    except Exception as exc:   # noqa: BLE001 - whatever it was, the deadline still frees the blocks
+        import logging
+        logging.getLogger(__name__).info("could not give up a prefill's KV (%s); it is freed at the export's "
+                                         "deadline", exc)
+        return False
+
+
 class _GiveUpRequest(_GiveUp):
     def __init__(self, key: bytes, endpoint: str, request_id: str, timeout_s: float) -> None:
         self.endpoint = KvEndpoint.parse(endpoint if "://" in endpoint else f"tcp://{endpoint}")

@@ -209,8 +209,7 @@ class DisaggBls:
         else:
             roles = ({self.colocated_model: "colocated"} if self.mode == "colocated" else
                      {self.context_model: "prefill", self.generation_model: "decode"})
-            self.orchestration = _OwnServer(self.mode, roles, self.auth_key, self.kv_transfer == "layerwise",
-                                            params.get("server_grpc_url", ""))
+            self.orchestration = _OwnServer(self.mode, roles, self.auth_key, self.kv_transfer == "layerwise")
 
     def _on_death(self, message: str) -> int:
         """Fails every in-flight job with `message` (UNAVAILABLE) and frees its slot; returns how many."""
@@ -329,10 +328,9 @@ class _OwnServer:
     """The orchestrator over this server's own role models, one instance each, on an event loop of this stub;
     the request threads take their steps from it (orchestration/blocking.py)."""
 
-    def __init__(self, mode: str, roles: dict[str, str], key: bytes | None, layerwise: bool, grpc_url: str) -> None:
+    def __init__(self, mode: str, roles: dict[str, str], key: bytes | None, layerwise: bool) -> None:
         self.mode, self.roles, self.key, self.layerwise = mode, roles, key, layerwise
         self.views = [InstanceView(model, role) for model, role in roles.items()]
-        self.grpc_url = grpc_url            # "" : the server's own, read from its command line at the first request
         self.loop = LoopThread("disagg_bls-orchestrator")
         self.orchestrator: Orchestrator | None = None
         self.lock = threading.Lock()
@@ -341,7 +339,7 @@ class _OwnServer:
         from trtpd.serving.own_server import own_grpc_url
         from trtpd.transports.triton_grpc import RoleClient
 
-        url = self.grpc_url or own_grpc_url()
+        url = own_grpc_url()   # read at the first request: the server's endpoints are up by then
 
         async def clients():   # grpc's asyncio channels belong to the loop they are made on
             return {model: RoleClient(model, url, model, self.key, self.layerwise) for model in self.roles}
@@ -368,7 +366,8 @@ class _OwnServer:
         handle; without one, the deadline frees it)."""
         if handle is None or self.key is None:
             return
-        self.loop.loop.run_in_executor(None, _give_up_now, handle, self.key)
+        from trtpd.kv.importer import give_up_best_effort
+        self.loop.loop.run_in_executor(None, give_up_best_effort, self.key, handle)
 
     def stop(self) -> None:
         if self.orchestrator is not None:
@@ -378,11 +377,3 @@ class _OwnServer:
                 except Exception:   # noqa: BLE001 - the server is going away
                     pass
         self.loop.stop()
-
-
-def _give_up_now(handle: bytes, key: bytes) -> None:
-    from trtpd.kv.importer import give_up_handle
-    try:
-        give_up_handle(handle, key)
-    except Exception:   # noqa: BLE001 - an exporter that is gone, a handle that expired: the deadline frees it
-        pass
