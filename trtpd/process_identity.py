@@ -4,6 +4,7 @@ control (servers, the gateway, the controller, supervisord) and by the processes
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -79,3 +80,14 @@ def reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+def write_state_file(path: "str | os.PathLike", host: str, port: int) -> None:
+    """A server's own record of itself (pid, start time, address), written atomically once its port is bound
+    (the gateway's, which its supervisor may restart under a new pid: trtpd/fleet/gateway_process.py reads it; a
+    trtllm-serve twin worker's)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), "start_time": start_time(os.getpid()), "host": host,
+                               "port": port}))
+    os.replace(tmp, path)

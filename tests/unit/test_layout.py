@@ -196,6 +196,18 @@ def test_transports_run_in_the_gateway_and_in_the_stub_so_import_neither_side():
     assert not violations(ROOT, TRANSPORTS, banned)
 
 
+SERVE_TWIN = ("serve_twin",)
+
+
+def test_the_serve_twin_is_a_worker_of_its_own_so_imports_no_other_room():
+    """A trtllm-serve twin worker is its own process, a peer of a tritonserver instance: it runs the reference
+    engine and moves KV (engine/, kv/), and imports nothing of the gateway, the Triton stub, the fleet's host
+    control, the controller or the CLI (which start it as a process)."""
+    banned = ("trtpd.cli", "trtpd.controller", "trtpd.fleet", "trtpd.gateway", "trtpd.serving", "trtpd.transports",
+              "trtpd.orchestration")
+    assert not violations(ROOT, SERVE_TWIN, banned)
+
+
 def test_a_planted_violation_is_caught(tmp_path):
     """The checks above are not vacuous: a pure core that starts a process, stub code that imports uvicorn lazily,
     and a gateway module that reaches into the fleet are each reported with file and line."""
@@ -213,6 +225,9 @@ def test_a_planted_violation_is_caught(tmp_path):
     (tmp_path / "transports" / "triton_grpc.py").write_text("from trtpd.gateway.config import GatewayConfig\n")
     assert violations(tmp_path, TRANSPORTS, ("trtpd.gateway",)) == [
         "transports/triton_grpc.py:1 imports trtpd.gateway.config"]
+    (tmp_path / "serve_twin").mkdir()
+    (tmp_path / "serve_twin" / "app.py").write_text("def f():\n    from trtpd.serving.pb import tensor\n")
+    assert violations(tmp_path, SERVE_TWIN, ("trtpd.serving",)) == ["serve_twin/app.py:2 imports trtpd.serving.pb"]
 
 
 # ---- names: no two public classes share a name with different meanings ------------------------------------

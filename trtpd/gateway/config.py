@@ -19,6 +19,8 @@ class InstanceTarget:
     metrics_url: str
     revision: int = 0
     kv_endpoint: str = ""            # prefill: the KV exporter's host:port (give-ups by request id go there)
+    protocol: str = "triton-grpc"    # triton-grpc (grpc_url) | trtllm-serve (http_url): schema/fleet_file.py
+    http_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ def from_fleet_file(path: Path, **overrides) -> GatewayConfig:
     the gateway without an import cycle)."""
     fleet = _read(Path(path))
     roles = fleet.routed
-    instances = tuple(InstanceTarget(i.name, i.role, i.model, i.grpc_url, i.metrics_url, i.revision, i.kv_advertise)
-                      for i in roles)
+    instances = tuple(InstanceTarget(i.name, i.role, i.model, i.grpc_url, i.metrics_url, i.revision, i.kv_advertise,
+                                     i.protocol, i.http_url) for i in roles)
     serving = [i for i in roles if i.role in ("decode", "colocated")] or roles
     name, eos = checkpoint_facts(Path(fleet.tokenizer_dir))
     overrides.setdefault("fleet_file", Path(path))

@@ -3,13 +3,12 @@ process of `trtpd up` is host-side fleet control: trtpd/fleet/gateway_process.py
 
 from __future__ import annotations
 
-import json
-import os
+import logging
 import socket
 from dataclasses import replace
-from pathlib import Path
 
 from trtpd.errors import ConfigError
+from trtpd.process_identity import write_state_file
 from trtpd.schema.slo import Slo
 
 
@@ -24,6 +23,7 @@ def serve(args) -> None:
                                           raise_open_file_limit)
 
     log_limits.configure()
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # the trtllm-serve transport's probes: one line each
     if args.no_auth:
         check_no_auth(args.host)
         keys = frozenset()
@@ -58,15 +58,3 @@ def serve(args) -> None:
         timeout_keep_alive=int(max(1, limits.keep_alive_timeout_s)), backlog=ACCEPT_BACKLOG,
         log_config=None))
     server.run(sockets=[sock])
-
-
-def write_state_file(path: "str | os.PathLike", host: str, port: int) -> None:
-    """The gateway's own record of itself (pid, start time, address), written atomically once its port is bound;
-    its supervisor may restart it under a new pid (trtpd/fleet/gateway_process.py reads it)."""
-    from trtpd.process_identity import start_time
-
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), "start_time": start_time(os.getpid()), "host": host,
-                               "port": port}))
-    os.replace(tmp, path)

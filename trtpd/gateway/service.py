@@ -16,12 +16,12 @@ from dataclasses import replace
 from collections.abc import AsyncIterator
 
 from trtpd.admission import Admission, Ticket
-from trtpd.gateway.config import GatewayConfig
+from trtpd.gateway.config import GatewayConfig, InstanceTarget
 from trtpd.gateway.loads import probe
 from trtpd.gateway.metrics import PHASES, GatewayMetrics
 from trtpd.transports.triton_grpc import RoleClient
 from trtpd.orchestration.orchestrator import Generated, Orchestrator, OrchestratorError
-from trtpd.orchestration.transport import SamplingInputs
+from trtpd.orchestration.transport import RoleTransport, SamplingInputs
 from trtpd.gateway.timing import RequestTiming
 from trtpd.percentiles import quantile
 from trtpd.routing.cohorts import Cohort, Split
@@ -43,7 +43,7 @@ class FleetService:
         self.tokenizer = load_text_tokenizer(config.tokenizer_dir)
         self.key = load_or_create_key_file(config.key_file)
         self.router = Router(policy or RoutingPolicy(tie_break="least_recent"))
-        self.clients: dict[str, RoleClient] = {}
+        self.clients: dict[str, RoleTransport] = {}
         self.orchestrator: Orchestrator | None = None
         self.admission = Admission(config.max_inflight, config.max_queued, on_change=self._admission_changed)
         self._poller: asyncio.Task | None = None
@@ -53,22 +53,34 @@ class FleetService:
         self.samples: deque[RequestSample] = deque(maxlen=MAX_SAMPLES)
         self.num_routed = 0
         self._fleet_stamp: tuple[int, int] | None = None
-        self._closing: list[tuple[RoleClient, float]] = []   # removed instances' clients, since when
+        self._closing: list[tuple[RoleTransport, float]] = []   # removed instances' clients, since when
 
     async def start(self) -> None:
         cfg = self.config
-        self.clients = {i.name: RoleClient(i.name, i.grpc_url, i.model, self.key) for i in cfg.instances}
+        self.clients = {i.name: self._client(i) for i in cfg.instances}
         self.orchestrator = Orchestrator(cfg.mode, self.router, self.clients,
                                               wait_for_instance_s=cfg.wait_for_instance_s, give_up=self.give_up_kv)
         self.reload()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
 
+    def _client(self, inst: InstanceTarget) -> RoleTransport:
+        """The instance's RoleTransport, by the protocol it speaks (fleet.json `protocol`)."""
+        if inst.protocol == "trtllm-serve":
+            from trtpd.transports.trtllm_http import ServeClient
+            return ServeClient(inst.name, inst.http_url, inst.model, self.key)
+        return RoleClient(inst.name, inst.grpc_url, inst.model, self.key)
+
     def give_up_kv(self, instance: str, request_id: str, handle: bytes | None) -> None:
         """The orchestrator's give_up: on a worker thread, tells the prefill exporter that no decode will pull this
         export (by its handle, or by the sub-request's id when the handle never arrived), so it frees the blocks
         now (best effort: the export's deadline frees them otherwise)."""
         endpoint = next((i.kv_endpoint for i in self.config.instances if i.name == instance), "")
+        client = self.clients.get(instance)
+        if handle is not None and hasattr(client, "kv_handle"):   # trtllm-serve: the KV handle is its opaque state
+            handle = client.kv_handle(handle)
+            if handle is None:    # not trtpd's twin: the worker frees it at its kv_transfer_timeout_ms
+                return
         from trtpd.kv.importer import give_up_best_effort
         asyncio.get_running_loop().run_in_executor(None, give_up_best_effort, self.key, handle, endpoint, request_id)
 
@@ -103,7 +115,7 @@ class FleetService:
         names = {i.name for i in fresh.instances}
         for inst in fresh.instances:
             if inst.name not in self.clients:
-                self.clients[inst.name] = RoleClient(inst.name, inst.grpc_url, inst.model, self.key)
+                self.clients[inst.name] = self._client(inst)
         for name in [n for n in self.clients if n not in names]:
             self._closing.append((self.clients.pop(name), time.monotonic()))
         self.draining = {n for n in directives.draining if n in names}
@@ -152,8 +164,7 @@ class FleetService:
 
     # ---- instance loads ----------------------------------------------------------------------
     async def poll_once(self) -> None:
-        views = await asyncio.gather(*(asyncio.to_thread(probe, i.name, i.role, i.metrics_url)
-                                       for i in self.config.instances))
+        views = await asyncio.gather(*(self._probe(i) for i in self.config.instances))
         self.views = list(views)
         self.router.update(self.views, time.monotonic())
         self._apply_draining()
@@ -164,6 +175,12 @@ class FleetService:
             m.active.labels(v.name, v.role).set(v.active)
             m.kv_blocks.labels(v.name, v.role, "free").set(v.free_kv_blocks)
             m.kv_blocks.labels(v.name, v.role, "used").set(v.max_kv_blocks - v.free_kv_blocks)
+
+    async def _probe(self, inst: InstanceTarget) -> InstanceView:
+        client = self.clients.get(inst.name)
+        if inst.protocol == "trtllm-serve" and client is not None:
+            return await client.probe(inst.role)     # its /metrics iteration stats (ServeClient.probe)
+        return await asyncio.to_thread(probe, inst.name, inst.role, inst.metrics_url)
 
     async def _poll_forever(self) -> None:
         while True:

@@ -12,6 +12,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 ROUTED_ROLES = ("prefill", "decode", "colocated")     # an "entry" instance (the Triton ensemble) is not routed to
+# how the gateway speaks to an instance: Triton's KServe gRPC stream to a role model (grpc_url), or trtllm-serve's
+# OpenAI HTTP with disaggregated_params (http_url; trtpd/transports/trtllm_http.py)
+PROTOCOLS = ("triton-grpc", "trtllm-serve")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,11 @@ class RoutedInstance:
     revision: int = 0            # the controller's revision it runs (0: a fleet started without a controller)
     admin_state: str = "ready"   # ready | draining: the controller's word to the gateway (no new requests)
     kv_advertise: str = ""       # prefill: its KV exporter's host:port (give-ups by request id go there)
+    protocol: str = "triton-grpc"   # one of PROTOCOLS
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"instance {self.name!r}: protocol {self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,0 +1,215 @@
+"""trtllm-serve's path on CPU: twin workers (real processes, real HTTP, KV over trtpd's TCP transport) behind the
+gateway's trtllm-serve transport, driven by the official openai client; and each worker's protocol as
+trtllm-serve 1.2.1 speaks it (docs/serve-twin.md)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from trtpd.engine import corpus
+from trtpd.engine.checkpoint import load_checkpoint
+from trtpd.kv.auth import orchestrator_token
+from trtpd.kv.handle import load_or_create_key_file
+
+pytestmark = pytest.mark.e2e
+START_TIMEOUT_S = 90.0
+CTX_YAML = ("cache_transceiver_config:\n  backend: UCX\n  kv_transfer_timeout_ms: 30000\n"
+            "kv_cache_config:\n  dtype: fp16\n  free_gpu_memory_fraction: 0.2\n"
+            "disable_overlap_scheduler: true\nenable_iter_perf_stats: true\n")
+
+
+class Proc:
+    """A child process with the address it wrote to its state file; stopped by its pid."""
+
+    def __init__(self, argv: list[str], state: Path, log: Path) -> None:
+        self.state, self.log = state, log
+        self.popen = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not state.exists():
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{argv[2]} did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        self.port = json.loads(state.read_text())["port"]
+        self.url = f"http://127.0.0.1:{self.port}"
+        while not self._healthy():
+            if self.popen.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{argv[2]} is not healthy: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def _healthy(self) -> bool:
+        try:    # bound before it listens: refused until then
+            return httpx.get(f"{self.url}/health", timeout=5).status_code == 200
+        except httpx.ConnectError:
+            return False
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+
+
+def twin(tmp: Path, name: str, model: Path, *flags: str) -> Proc:
+    return Proc([sys.executable, "-m", "trtpd.serve_twin", str(model), "--port", "0", "--twin_state_file",
+                 str(tmp / f"{name}.json"), *flags], tmp / f"{name}.json", tmp / f"{name}.log")
+
+
+@pytest.fixture(scope="module")
+def serve_fleet(fp16_root, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve-twin")
+    key = tmp / "deployment.key"
+    load_or_create_key_file(key)
+    (tmp / "ctx.yaml").write_text(CTX_YAML)
+    procs: list[Proc] = []
+    try:
+        role = ["--twin_key_file", str(key), "--extra_llm_api_options", str(tmp / "ctx.yaml")]
+        procs.append(twin(tmp, "gen", fp16_root, "--server_role", "GENERATION", *role))
+        procs.append(twin(tmp, "ctx", fp16_root, "--server_role", "CONTEXT", *role))
+        procs.append(twin(tmp, "colo", fp16_root))        # both phases, no key, no iteration stats
+        gen, ctx, colo = procs
+
+        def inst(name, role, proc):
+            return {"name": name, "role": role, "model": "tiny-llama", "grpc_url": "", "metrics_url": "",
+                    "max_input_len": 2048, "max_seq_len": 2560, "http_url": f"127.0.0.1:{proc.port}",
+                    "protocol": "trtllm-serve"}
+        fleet = {"name": "serve-twin", "mode": "disaggregated", "key_file": str(key),
+                 "tokenizer_dir": str(fp16_root / "checkpoint"),
+                 "instances": [inst("prefill-0", "prefill", ctx), inst("decode-0", "decode", gen)]}
+        (tmp / "fleet.json").write_text(json.dumps(fleet))
+        procs.append(Proc([sys.executable, "-m", "trtpd.gateway", "--fleet-file", str(tmp / "fleet.json"),
+                           "--no-auth", "--port", "0", "--state-file", str(tmp / "gateway.json")],
+                          tmp / "gateway.json", tmp / "gateway.log"))
+        yield {"gen": gen, "ctx": ctx, "colo": colo, "gateway": procs[-1], "key": load_or_create_key_file(key),
+               "root": fp16_root}
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def _prompts(root: Path, lengths: list[int]) -> list[str]:
+    tokenizer = load_checkpoint(root / "checkpoint").load_tokenizer()
+    ids = tokenizer.encode(corpus.text(400, seed=7), add_bos=False)
+    return [tokenizer.decode(ids[i * 37:i * 37 + n]) for i, n in enumerate(lengths)]
+
+
+def _colocated(fleet, prompt: str, max_tokens: int) -> dict:
+    r = httpx.post(f"{fleet['colo'].url}/v1/completions", timeout=120,
+                   json={"model": "tiny-llama", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_the_openai_client_through_the_gateway_gets_the_colocated_engines_text(serve_fleet):
+    """20 prompts of 1-1,500 tokens, greedy: prefill on the context twin, KV over TCP to the generation twin, the
+    gateway's trtllm-serve transport in between, equal to the colocated engine's text; usage right."""
+    client = openai.OpenAI(base_url=f"{serve_fleet['gateway'].url}/v1", api_key="unused", max_retries=0)
+    lengths = [1, 3, 8, 15, 30, 50, 80, 120, 180, 250, 330, 420, 520, 640, 760, 900, 1050, 1200, 1350, 1500]
+    for prompt in _prompts(serve_fleet["root"], lengths):
+        got = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=6, temperature=0)
+        want = _colocated(serve_fleet, prompt, 6)
+        assert got.choices[0].text == want["choices"][0]["text"]
+        assert got.choices[0].finish_reason == want["choices"][0]["finish_reason"]
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens) == \
+            (want["usage"]["prompt_tokens"], want["usage"]["completion_tokens"])
+
+
+def test_streamed_text_equals_the_whole_text(serve_fleet):
+    client = openai.OpenAI(base_url=f"{serve_fleet['gateway'].url}/v1", api_key="unused", max_retries=0)
+    for prompt in _prompts(serve_fleet["root"], [12, 200]):
+        whole = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=10, temperature=0)
+        chunks = list(client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=10, temperature=0,
+                                                stream=True))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+        assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_a_clients_disaggregated_params_never_reach_a_worker(serve_fleet):
+    """A client that sends context_only/generation_only fields itself could pin a context worker's KV (a known
+    denial of service in peers): the gateway refuses the field by name."""
+    r = httpx.post(f"{serve_fleet['gateway'].url}/v1/completions", timeout=30, json={
+        "model": "tiny-llama", "prompt": "hi", "max_tokens": 2,
+        "disaggregated_params": {"request_type": "context_only"}})
+    assert r.status_code == 400 and "disaggregated_params" in r.json()["error"]["message"]
+
+
+def _auth(fleet, request_type: str, ids: list[int]) -> dict:
+    return {"x-trtpd-auth": orchestrator_token(fleet["key"], request_type, np.array([ids], np.int32), time.time())}
+
+
+def test_the_workers_speak_trtllm_serves_disaggregated_protocol(serve_fleet):
+    """context_only: not streamed, prompt_token_ids, one choice with disaggregated_params and finish_reason
+    not_finished; generation_only with those params: the stream starts with first_gen_tokens again."""
+    ids = [1, 450, 496, 173, 170, 432, 1204, 975, 278]
+    body = {"model": "tiny-llama", "prompt": ids, "max_tokens": 5, "temperature": 0, "detokenize": False}
+    r = httpx.post(f"{serve_fleet['ctx'].url}/v1/completions", timeout=60, headers=_auth(serve_fleet, "context_only", ids),
+                   json={**body, "disaggregated_params": {"request_type": "context_only"}})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["object"] == "text_completion" and answer["prompt_token_ids"] == ids
+    (choice,) = answer["choices"]
+    params = choice["disaggregated_params"]
+    assert choice["finish_reason"] == "not_finished" and choice["token_ids"] == params["first_gen_tokens"]
+    assert params["request_type"] == "context_only" and isinstance(params["ctx_request_id"], int)
+    assert len(params["first_gen_tokens"]) == 1 and params["encoded_opaque_state"]
+    gen_body = {**body, "prompt": answer["prompt_token_ids"], "stream": True,
+                "disaggregated_params": {**params, "request_type": "generation_only"}}
+    with httpx.stream("POST", f"{serve_fleet['gen'].url}/v1/completions", json=gen_body, timeout=60,
+                      headers=_auth(serve_fleet, "generation_only", ids)) as s:
+        assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream")
+        lines = [line[5:].strip() for line in s.iter_lines() if line.startswith("data:")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    tokens = [t for c in chunks for t in c["choices"][0]["token_ids"]]
+    assert tokens[0] == params["first_gen_tokens"][0] and len(tokens) == 5
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_worker_errors_are_flat_400_error_responses_and_requests_need_the_orchestrators_proof(serve_fleet):
+    ctx = serve_fleet["ctx"].url
+    r = httpx.post(f"{ctx}/v1/completions", timeout=30, json={"model": "tiny-llama", "prompt": [1, 2], "bogus": 1})
+    body = r.json()
+    assert r.status_code == 400 and body["object"] == "error" and body["type"] == "BadRequestError"
+    assert body["code"] == 400 and "bogus" in body["message"]
+    r = httpx.post(f"{ctx}/v1/completions", timeout=30, json={
+        "model": "tiny-llama", "prompt": [1, 2], "disaggregated_params": {"request_type": "context_only"}})
+    assert r.status_code == 403 and "permission denied" in r.json()["message"].lower()
+    # a forged opaque state: the generation worker refuses it before any KV is pulled
+    ids = [1, 2, 3]
+    r = httpx.post(f"{serve_fleet['gen'].url}/v1/completions", timeout=30,
+                   headers=_auth(serve_fleet, "generation_only", ids),
+                   json={"model": "tiny-llama", "prompt": ids, "max_tokens": 2, "disaggregated_params": {
+                       "request_type": "generation_only", "first_gen_tokens": [5], "ctx_request_id": 9,
+                       "encoded_opaque_state": "VFBESAAAAA=="}})
+    assert r.status_code == 400 and r.json()["object"] == "error"
+
+
+def test_metrics_are_iteration_stats_only_when_enabled(serve_fleet):
+    """/metrics drains the iteration stats (a JSON list), and is [] without enable_iter_perf_stats."""
+    prompt = _prompts(serve_fleet["root"], [20])[0]
+    _colocated(serve_fleet, prompt, 2)
+    assert httpx.get(f"{serve_fleet['colo'].url}/metrics", timeout=10).json() == []
+    client = openai.OpenAI(base_url=f"{serve_fleet['gateway'].url}/v1", api_key="unused", max_retries=0)
+    client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0)
+    stats = httpx.get(f"{serve_fleet['gen'].url}/metrics", timeout=10).json()
+    stats = stats or httpx.get(f"{serve_fleet['gen'].url}/metrics", timeout=10).json()
+    assert isinstance(stats, list)
+    for entry in stats:
+        assert {"iter", "numActiveRequests", "numQueuedRequests", "maxNumActiveRequests", "kvCacheStats"} <= set(entry)
+        assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock"} <= set(entry["kvCacheStats"])
+    assert httpx.get(f"{serve_fleet['ctx'].url}/version", timeout=10).json() == {"version": "1.2.1"}

@@ -1,0 +1,125 @@
+"""trtllm-serve's protocol as trtpd speaks it: the request bodies, the handle, errors and loads. Pure parts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from trtpd.orchestration.transport import RoleError, SamplingInputs
+from trtpd.schema.trtllm_serve import (DisaggregatedParams, ProtocolError, WorkerInfo, encode_opaque_state,
+                                       error_message, workers_prefix)
+from trtpd.transports.trtllm_http import (ServeClient, context_handle, opaque_state, read_handle, request_body,
+                                          view_from_stats)
+
+
+def test_bodies_ask_for_token_ids_and_send_only_what_differs_from_the_defaults():
+    body = request_body("m", [1, 2], SamplingInputs(max_new_tokens=5, end_id=2), False,
+                        DisaggregatedParams("context_only"))
+    assert body == {"model": "m", "prompt": [1, 2], "max_tokens": 5, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                    "stream": False, "detokenize": False, "disaggregated_params": {"request_type": "context_only"}}
+    body = request_body("m", [1], SamplingInputs(max_new_tokens=1, end_id=-1, seed=7), True, None)
+    assert body["ignore_eos"] is True and body["seed"] == 7 and "disaggregated_params" not in body
+
+
+def test_a_context_answer_round_trips_as_the_handle_and_goes_on_as_generation_only():
+    params = DisaggregatedParams("context_only", [42], 17, encode_opaque_state(b"TPDH-signed"), None)
+    handle = context_handle({"disaggregated_params": params.to_dict(), "finish_reason": "not_finished",
+                             "token_ids": [42]})
+    back, finish, tokens = read_handle(handle, "prefill-0")
+    assert (back, finish, tokens) == (params, "not_finished", [42])
+    assert back.for_generation() == DisaggregatedParams("generation_only", [42], 17, params.encoded_opaque_state)
+    assert opaque_state(handle) == b"TPDH-signed"
+    with pytest.raises(RoleError, match="not a context answer"):
+        read_handle(b"{}", "prefill-0")
+
+
+def test_disaggregated_params_are_checked_field_by_field():
+    with pytest.raises(ProtocolError, match=r"disaggregated_params\.ctx_id: extra inputs"):
+        DisaggregatedParams.from_dict({"request_type": "context_only", "ctx_id": 1})
+    with pytest.raises(ProtocolError, match="request_type must be one of"):
+        DisaggregatedParams.from_dict({"request_type": "prefill"})
+    with pytest.raises(ProtocolError, match="first_gen_tokens must be a list"):
+        DisaggregatedParams.from_dict({"request_type": "generation_only", "first_gen_tokens": ["a"]})
+    with pytest.raises(ProtocolError, match="not valid base64"):
+        DisaggregatedParams("generation_only", encoded_opaque_state="%%%").opaque_state()
+    assert DisaggregatedParams.from_dict({"request_type": "CONTEXT_ONLY"}).request_type == "context_only"
+
+
+def test_an_error_message_is_read_from_each_shape_upstream_answers_in():
+    assert error_message(400, b'{"object":"error","message":"bad","type":"BadRequestError","code":400}') == "bad"
+    assert error_message(400, b'{"error":"1 validation error"}') == "1 validation error"
+    assert error_message(500, b'{"detail":"Internal server error x"}') == "Internal server error x"
+    assert error_message(502, b"<html>") .startswith("HTTP 502")
+
+
+@pytest.mark.parametrize("status, kind", [(400, "internal"), (403, "internal"), (500, "unavailable"),
+                                          (503, "unavailable"), (404, "unavailable")])
+def test_a_worker_answer_maps_to_the_routing_cores_kind(status, kind):
+    """trtllm-serve answers 400 for every failed request (a KV transfer as much as a field the gateway validated):
+    a server fault, retried elsewhere; a 5xx is the worker unavailable."""
+    client = ServeClient("decode-0", "127.0.0.1:9", "m", None)
+    with pytest.raises(RoleError) as info:
+        client._check(status, json.dumps({"message": "x"}).encode())
+    assert info.value.kind == kind and info.value.instance == "decode-0"
+    asyncio.run(client.close())
+
+
+def test_a_context_answer_that_ended_the_request_needs_no_generation_worker():
+    """_need_gen: finish_reason other than length/not_finished: upstream's router answers the context response; the
+    transport's generation hop answers its tokens at once, with no request (the worker address is unreachable)."""
+    client = ServeClient("decode-0", "127.0.0.1:9", "m", None)
+    handle = context_handle({"disaggregated_params": {"request_type": "context_only", "ctx_request_id": 1},
+                             "finish_reason": "stop", "token_ids": []})
+
+    async def run():
+        try:
+            return [c async for c in client.stream("r", "generation_only", [1, 2], SamplingInputs(4), handle)]
+        finally:
+            await client.close()
+    chunks = asyncio.run(run())
+    assert [(c.token_ids, c.final) for c in chunks] == [([], True)]
+
+
+def test_what_trtllm_serve_cannot_carry_is_refused_as_the_clients():
+    client = ServeClient("prefill-0", "127.0.0.1:9", "m", None)
+
+    async def run(sampling):
+        try:
+            return [c async for c in client.stream("r", "context_only", [1], sampling)]
+        finally:
+            await client.close()
+    with pytest.raises(RoleError, match="not Triton tensors") as info:
+        asyncio.run(run(SamplingInputs(2, triton_inputs={"stop_words_list": [[1]]})))
+    assert info.value.kind == "invalid_arg"
+
+
+def test_an_unreachable_worker_is_unavailable_and_a_transport_failure():
+    client = ServeClient("prefill-0", "127.0.0.1:9", "m", None)
+
+    async def run():
+        try:
+            return [c async for c in client.stream("r", "context_only", [1], SamplingInputs(2))]
+        finally:
+            await client.close()
+    with pytest.raises(RoleError) as info:
+        asyncio.run(run())
+    assert info.value.kind == "unavailable" and info.value.transport
+
+
+def test_iteration_stats_become_the_routing_view():
+    stats = {"numQueuedRequests": 3, "numActiveRequests": 2, "maxNumActiveRequests": 8,
+             "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 60, "tokensPerBlock": 64},
+             "inflightBatchingStats": {"numPausedRequests": 1}}
+    view = view_from_stats("decode-0", "decode", stats)
+    assert (view.waiting, view.active, view.free_kv_blocks, view.max_kv_blocks, view.max_batch_size,
+            view.tokens_per_block, view.state) == (4, 2, 60, 100, 8, 64, "ready")
+
+
+def test_worker_registrations_round_trip():
+    info = WorkerInfo("CONTEXT-localhost:8001-1-2-003", "localhost", 8001, 0)
+    assert WorkerInfo.from_json(info.to_json()) == info and info.url == "http://localhost:8001"
+    assert workers_prefix("") == "/trtllm-disagg//workers"
+    with pytest.raises(ProtocolError, match="role 7"):
+        WorkerInfo.from_json(json.dumps({"worker_id": "x", "host": "h", "port": 1, "role": 7}))

@@ -1,0 +1,226 @@
+"""One sub-request to a trtllm-serve worker over its OpenAI HTTP API: the second RoleTransport
+(trtpd/orchestration/transport.py), the one TensorRT-LLM's PyTorch path needs. The gateway reaches real
+trtllm-serve workers and trtpd's twin of them (trtpd/serve_twin) with it.
+
+The two hops are those of upstream's router (`openai_disagg_service.py`, TensorRT-LLM 1.2.1; the field names in
+trtpd/schema/trtllm_serve.py):
+- context_only: `/v1/completions`, not streamed, `disaggregated_params` {request_type: context_only}; its one
+  choice's `disaggregated_params` become the handle (serialized here together with the choice's finish_reason
+  and tokens), its tokens (`first_gen_tokens`) the chunk's token_ids;
+- generation_only: the same request streamed, the prompt as token ids, with those `disaggregated_params` and
+  request_type generation_only. A context answer whose finish_reason is neither "length" nor "not_finished"
+  ended the request at its first token (upstream's `_need_gen`): no generation server is asked, the hop answers
+  that token (if any) as its final chunk;
+- "" (a worker that serves both phases): the request streamed, without `disaggregated_params`.
+Every request asks `detokenize: false`, so each choice carries `token_ids` (the gateway detokenizes), and
+`ignore_eos` when the orchestrator sends end_id -1 (trtllm-serve stops at its tokenizer's EOS otherwise).
+A client's `disaggregated_params` never reach here: the gateway's schemas refuse the field.
+
+Errors: trtllm-serve answers every failed request 400 with a flat ErrorResponse (`create_error_response`,
+openai_server.py), a KV transfer that failed as much as a bad field, so a 4xx for a request the gateway validated
+is a server fault ("internal": retried elsewhere); a worker that cannot be reached, or a 5xx, is "unavailable".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import numpy as np
+
+from trtpd.kv.auth import orchestrator_token
+from trtpd.orchestration.transport import RoleChunk, RoleError, SamplingInputs
+from trtpd.routing.core import InstanceView
+from trtpd.schema.trtllm_serve import (AUTH_HEADER, CONTEXT_ONLY, GENERATION_ONLY, GO_ON_TO_GENERATION,
+                                       DisaggregatedParams, ProtocolError, error_message)
+
+CONNECT_TIMEOUT_S = 5.0
+METRICS_TIMEOUT_S = 1.0
+
+
+def request_body(model: str, prompt_ids: list[int], sampling: SamplingInputs, stream: bool,
+                 disaggregated_params: DisaggregatedParams | None) -> dict:
+    """A `/v1/completions` body in trtllm-serve's CompletionRequest fields. Sampling fields the orchestrator leaves
+    at their defaults are not sent (a real 1.2.1 worker refuses fields it does not know)."""
+    body = {"model": model, "prompt": list(prompt_ids), "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+            "stream": stream, "detokenize": False}
+    if sampling.seed:
+        body["seed"] = sampling.seed
+    if sampling.end_id < 0:
+        body["ignore_eos"] = True
+    if disaggregated_params is not None:
+        body["disaggregated_params"] = {k: v for k, v in disaggregated_params.to_dict().items() if v is not None}
+    return body
+
+
+def context_handle(choice: dict) -> bytes:
+    """The handle a context answer gives the orchestrator: its disaggregated_params, finish_reason and tokens."""
+    return json.dumps({"disaggregated_params": choice.get("disaggregated_params"),
+                       "finish_reason": choice.get("finish_reason"),
+                       "token_ids": choice.get("token_ids") or []}).encode()
+
+
+def read_handle(handle: bytes, instance: str) -> tuple[DisaggregatedParams, str | None, list[int]]:
+    try:
+        data = json.loads(handle)
+        params = DisaggregatedParams.from_dict(data["disaggregated_params"])
+        return params, data.get("finish_reason"), [int(t) for t in data.get("token_ids") or []]
+    except (ValueError, KeyError, TypeError, ProtocolError) as exc:
+        raise RoleError(f"instance {instance}: not a context answer of trtllm-serve ({exc})", "internal",
+                        instance) from None
+
+
+def opaque_state(handle: bytes) -> bytes | None:
+    """The engine's opaque state in a handle: on trtpd's twin, its signed KV handle (give-ups need it)."""
+    try:
+        return DisaggregatedParams.from_dict(json.loads(handle)["disaggregated_params"]).opaque_state()
+    except (ValueError, KeyError, TypeError, ProtocolError):
+        return None
+
+
+def view_from_stats(name: str, role: str, stats: dict) -> InstanceView:
+    """An iteration-stats entry of `/metrics` (IterationStats JSON: numQueuedRequests, numActiveRequests,
+    maxNumActiveRequests, kvCacheStats {maxNumBlocks, freeNumBlocks, tokensPerBlock}, inflightBatchingStats
+    {numPausedRequests}) as the routing core's view."""
+    kv = stats.get("kvCacheStats") or {}
+    paused = (stats.get("inflightBatchingStats") or {}).get("numPausedRequests", 0)
+    return InstanceView(name=name, role=role, waiting=int(stats.get("numQueuedRequests", 0)) + int(paused or 0),
+                        active=int(stats.get("numActiveRequests", 0)), free_kv_blocks=int(kv.get("freeNumBlocks", 0)),
+                        max_kv_blocks=int(kv.get("maxNumBlocks", 0)),
+                        max_batch_size=int(stats.get("maxNumActiveRequests", 0)),
+                        tokens_per_block=int(kv.get("tokensPerBlock", 32)) or 32)
+
+
+class ServeClient:
+    """A connection pool to one trtllm-serve worker: a RoleTransport, and its load probe.
+    key: the deployment key that signs the orchestrator's proof (x-trtpd-auth), which trtpd's twin requires; a real
+    trtllm-serve ignores the header. None: no proof is sent."""
+
+    def __init__(self, name: str, url: str, model: str, key: bytes | None) -> None:
+        self.name = name
+        self.url = url if url.startswith(("http://", "https://")) else f"http://{url}"
+        self.model = model
+        self.key = key
+        # no read timeout: a long generation streams for minutes; the orchestrator cancels by closing the stream
+        self.client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
+        self._view: InstanceView | None = None
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def kv_handle(self, handle: bytes) -> bytes | None:
+        return opaque_state(handle)
+
+    def _headers(self, request_type: str, prompt_ids: list[int]) -> dict[str, str]:
+        if self.key is None:
+            return {}
+        return {AUTH_HEADER: orchestrator_token(self.key, request_type, np.array([prompt_ids], np.int32), time.time())}
+
+    def _fail(self, message: str, kind: str, transport: bool = False) -> RoleError:
+        return RoleError(f"instance {self.name}: {message}", kind, self.name, transport=transport)
+
+    async def stream(self, request_id: str, request_type: str, prompt_ids: list[int], sampling: SamplingInputs,
+                     handle: bytes | None = None) -> AsyncIterator[RoleChunk]:
+        if sampling.triton_inputs:
+            raise self._fail("trtllm-serve takes OpenAI fields, not Triton tensors "
+                             f"({', '.join(sorted(sampling.triton_inputs))})", "invalid_arg")
+        if sampling.return_generation_logits:
+            raise self._fail("trtllm-serve's OpenAI API does not return generation logits", "invalid_arg")
+        if request_type == CONTEXT_ONLY:
+            yield await self._context(prompt_ids, sampling)
+            return
+        params = None
+        if request_type == GENERATION_ONLY:
+            if handle is None:
+                raise self._fail("generation_only needs the context answer", "internal")
+            params, finish, tokens = read_handle(handle, self.name)
+            if finish not in GO_ON_TO_GENERATION:      # the request ended at its first token
+                yield RoleChunk(tokens, final=True)
+                return
+            params = params.for_generation()
+        body = request_body(self.model, prompt_ids, sampling, True, params)
+        async for chunk in self._streamed(body, request_type, prompt_ids):
+            yield chunk
+
+    async def _context(self, prompt_ids: list[int], sampling: SamplingInputs) -> RoleChunk:
+        body = request_body(self.model, prompt_ids, sampling, False, DisaggregatedParams(CONTEXT_ONLY))
+        try:
+            r = await self.client.post("/v1/completions", json=body, headers=self._headers(CONTEXT_ONLY, prompt_ids))
+        except httpx.HTTPError as exc:
+            raise self._fail(f"cannot be reached ({type(exc).__name__}: {exc})", "unavailable", True) from None
+        self._check(r.status_code, r.content)
+        try:
+            choices = r.json()["choices"]
+            choice = choices[0]
+            if len(choices) != 1 or not isinstance(choice.get("disaggregated_params"), dict):
+                raise ValueError("not one choice with disaggregated_params")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise self._fail(f"the context answer is not trtllm-serve's ({exc})", "internal") from None
+        if choice.get("finish_reason") in GO_ON_TO_GENERATION and choice["disaggregated_params"].get(
+                "ctx_request_id") is None:   # upstream's _verify_ctx_response
+            raise self._fail("the context answer has no ctx_request_id", "internal")
+        tokens = [int(t) for t in choice["disaggregated_params"].get("first_gen_tokens") or []]
+        return RoleChunk(tokens if choice.get("finish_reason") in GO_ON_TO_GENERATION else
+                         [int(t) for t in choice.get("token_ids") or []],
+                         handle=context_handle(choice), final=True)
+
+    async def _streamed(self, body: dict, request_type: str, prompt_ids: list[int]) -> AsyncIterator[RoleChunk]:
+        complete = False
+        try:
+            async with self.client.stream("POST", "/v1/completions", json=body,
+                                          headers=self._headers(request_type, prompt_ids)) as r:
+                if r.status_code != 200:
+                    self._check(r.status_code, await r.aread())
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = self._chunk(data)
+                    if chunk is None:
+                        continue
+                    complete = complete or chunk.final
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise self._fail(f"the stream broke ({type(exc).__name__}: {exc})", "unavailable", True) from None
+        if not complete:
+            raise self._fail("the stream ended before the request finished", "unavailable", True)
+
+    def _chunk(self, data: str) -> RoleChunk | None:
+        try:
+            message = json.loads(data)
+        except ValueError:
+            raise self._fail(f"not a server-sent event of trtllm-serve: {data[:100]!r}", "internal") from None
+        if message.get("object") == "error":
+            raise self._fail(str(message.get("message")), "internal")
+        choices = message.get("choices") or []
+        if not choices:            # the usage chunk
+            return None
+        choice = choices[0]
+        return RoleChunk([int(t) for t in choice.get("token_ids") or []],
+                         final=choice.get("finish_reason") is not None)
+
+    def _check(self, status: int, content: bytes) -> None:
+        if status == 200:
+            return
+        message = error_message(status, content)
+        kind = "unavailable" if status >= 500 or status in (404, 408, 429) else "internal"
+        raise self._fail(f"HTTP {status}: {message}", kind)
+
+    async def probe(self, role: str) -> InstanceView:
+        """The worker's load from `/metrics` (the iteration stats since the last read; the latest counts). No new
+        iteration since the last read: the view stays as it was. No answer: unhealthy."""
+        try:
+            r = await self.client.get("/metrics", timeout=METRICS_TIMEOUT_S)
+            stats = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            stats = None
+        if not isinstance(stats, list):
+            return InstanceView(name=self.name, role=role, state="unhealthy")
+        if stats and isinstance(stats[-1], dict):
+            self._view = view_from_stats(self.name, role, stats[-1])
+        return self._view or InstanceView(name=self.name, role=role)
