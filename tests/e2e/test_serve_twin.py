@@ -213,3 +213,52 @@ def test_metrics_are_iteration_stats_only_when_enabled(serve_fleet):
         assert {"iter", "numActiveRequests", "numQueuedRequests", "maxNumActiveRequests", "kvCacheStats"} <= set(entry)
         assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock"} <= set(entry["kvCacheStats"])
     assert httpx.get(f"{serve_fleet['ctx'].url}/version", timeout=10).json() == {"version": "1.2.1"}
+
+
+def _health(fleet) -> dict:
+    return {i["name"]: i for i in httpx.get(f"{fleet['gateway'].url}/health", timeout=10).json()["instances"]}
+
+
+def test_a_worker_that_registers_is_routed_to_and_one_that_leaves_is_not(serve_fleet, tmp_path):
+    """Dynamic membership: a generation worker started later registers with the gateway as its disagg cluster
+    (trtllm-serve's --disagg_cluster_uri, POST /set, heartbeats), is routed to once its probe answers, and when it
+    stops it deregisters (DELETE) and gets nothing more; requests keep succeeding throughout. A worker without the
+    deployment's cluster token is refused."""
+    from trtpd.kv.auth import cluster_token
+
+    gateway = serve_fleet["gateway"].url
+    refused = httpx.post(f"{gateway}/cluster/set", timeout=10, json={
+        "key": "/trtllm-disagg//workers/GENERATION-127.0.0.1:9-1-2-003",
+        "value": json.dumps({"worker_id": "x", "host": "127.0.0.1", "port": 9, "role": 1})})
+    assert refused.status_code == 401
+    key = next(tmp_path.parent.glob("serve-twin*/deployment.key"))
+    (tmp_path / "stats.yaml").write_text("enable_iter_perf_stats: true\n")
+    gen2 = twin(tmp_path, "gen2", serve_fleet["root"], "--server_role", "GENERATION", "--host", "127.0.0.1",
+                "--twin_key_file", str(key), "--extra_llm_api_options", str(tmp_path / "stats.yaml"),
+                "--disagg_cluster_uri", f"{gateway}/cluster")
+    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+    prompt = _prompts(serve_fleet["root"], [24])[0]
+    want = _colocated(serve_fleet, prompt, 4)["choices"][0]["text"]
+    name = f"decode@127.0.0.1:{gen2.port}"
+    try:
+        deadline = time.monotonic() + 30
+        while _health(serve_fleet).get(name, {}).get("state") != "ready":
+            assert time.monotonic() < deadline, _health(serve_fleet)
+            time.sleep(0.1)
+        info = httpx.get(f"{gateway}/cluster_info", timeout=10,
+                         headers={"Authorization": f"Bearer {cluster_token(serve_fleet['key'])}"}).json()
+        assert [w["name"] for w in info["current_workers"]["generation_servers"]] == [name] and info["is_ready"]
+        httpx.get(f"{gen2.url}/metrics", timeout=10)      # drains what it did before: nothing, it was just started
+        for _ in range(8):
+            assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
+                                             temperature=0).choices[0].text == want
+        assert httpx.get(f"{gen2.url}/metrics", timeout=10).json(), "the registered worker got no request"
+    finally:
+        gen2.stop()
+    deadline = time.monotonic() + 15
+    while name in _health(serve_fleet) and _health(serve_fleet)[name]["state"] == "ready":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    for _ in range(4):
+        assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
+                                         temperature=0).choices[0].text == want

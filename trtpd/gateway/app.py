@@ -279,6 +279,64 @@ def create_app(config: GatewayConfig, service: FleetService | None = None) -> Fa
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # ---- the disagg cluster's storage (cluster_store.py): trtllm-serve workers register here --------------------
+    def _member(request: Request) -> None:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), service.cluster_token.encode()):
+            raise ApiError("missing or wrong cluster token: a worker registers with the deployment's key "
+                           "(trtpd.kv.auth.cluster_token)", "unauthorized", code="invalid_cluster_token")
+
+    def _result(value, changed: bool = False) -> JSONResponse:
+        """Upstream's jsonify: {"result": value}, 200 when it is truthy, else 400."""
+        if changed:
+            service.cluster_changed()
+        return JSONResponse({"result": value}, status_code=200 if value else 400)
+
+    @app.post("/cluster/set", include_in_schema=False)
+    async def cluster_set(request: Request):
+        _member(request)
+        try:
+            item = await request.json()
+            key, value = item["key"], item.get("value", "")
+            ttl, overwrite = item.get("ttl", -1), item.get("overwrite_if_exists", False)
+            if not (isinstance(key, str) and isinstance(value, str) and isinstance(ttl, (int, float))
+                    and isinstance(overwrite, bool)):
+                raise TypeError("key and value are strings, ttl a number, overwrite_if_exists a boolean")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ApiError(f"not a StorageItem: {exc}", "invalid_arg") from None
+        from trtpd.schema.trtllm_serve import ProtocolError, WorkerInfo, workers_prefix
+        if key.startswith(workers_prefix(config.cluster_name) + "/"):
+            try:
+                WorkerInfo.from_json(value)
+            except ProtocolError as exc:
+                raise ApiError(f"value: {exc}", "invalid_arg", "value") from None
+        return _result(service.cluster.set(key, value, float(ttl), overwrite), changed=True)
+
+    @app.get("/cluster/get", include_in_schema=False)
+    async def cluster_get(request: Request, key: str):
+        _member(request)
+        return _result(service.cluster.get(key))
+
+    @app.delete("/cluster/delete", include_in_schema=False)
+    async def cluster_delete(request: Request, key: str):
+        _member(request)
+        return _result(service.cluster.delete(key), changed=True)
+
+    @app.get("/cluster/expire", include_in_schema=False)
+    async def cluster_expire(request: Request, key: str, ttl: float = -1):
+        _member(request)
+        return _result(service.cluster.expire(key, ttl))
+
+    @app.get("/cluster/get_prefix", include_in_schema=False)
+    async def cluster_get_prefix(request: Request, key_prefix: str, keys_only: int = 0):
+        _member(request)
+        return _result(service.cluster.get_prefix(key_prefix, bool(keys_only)))
+
+    @app.get("/cluster_info", include_in_schema=False)
+    async def cluster_info(request: Request):
+        _member(request)
+        return service.cluster_info()
+
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request):
         body = await _parse(request, CompletionRequest)

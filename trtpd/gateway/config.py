@@ -46,6 +46,7 @@ class GatewayConfig:
     poll_interval_s: float = 0.2     # instance load probes
     wait_for_instance_s: float = 15.0   # a request finding no ready instance of a role waits this long (healing)
     fleet_file: Path | None = None   # re-read when it changes: instances added/removed, drains, canary, routing
+    cluster_name: str = ""           # the disagg cluster trtllm-serve workers register in (cluster_store.py)
 
 
 def checkpoint_facts(tokenizer_dir: Path) -> tuple[str, int]:

@@ -54,10 +54,13 @@ class FleetService:
         self.num_routed = 0
         self._fleet_stamp: tuple[int, int] | None = None
         self._closing: list[tuple[RoleTransport, float]] = []   # removed instances' clients, since when
+        from trtpd.gateway.cluster_store import ClusterStore
+        self.cluster = ClusterStore()                 # trtllm-serve workers registered with this gateway
+        self._static: tuple[InstanceTarget, ...] = config.instances   # fleet.json's
 
     async def start(self) -> None:
         cfg = self.config
-        self.clients = {i.name: self._client(i) for i in cfg.instances}
+        self._set_instances(cfg.instances)
         self.orchestrator = Orchestrator(cfg.mode, self.router, self.clients,
                                               wait_for_instance_s=cfg.wait_for_instance_s, give_up=self.give_up_kv)
         self.reload()
@@ -110,14 +113,9 @@ class FleetService:
         fresh = from_fleet_file(path)
         directives = fleet_directives(path)
         self._fleet_stamp = stamp
-        self.config = replace(self.config, instances=fresh.instances, max_input_len=fresh.max_input_len,
-                              max_seq_len=fresh.max_seq_len)
+        self.config = replace(self.config, max_input_len=fresh.max_input_len, max_seq_len=fresh.max_seq_len)
+        self._set_instances(fresh.instances)
         names = {i.name for i in fresh.instances}
-        for inst in fresh.instances:
-            if inst.name not in self.clients:
-                self.clients[inst.name] = self._client(inst)
-        for name in [n for n in self.clients if n not in names]:
-            self._closing.append((self.clients.pop(name), time.monotonic()))
         self.draining = {n for n in directives.draining if n in names}
         self.split = Split.from_dict(directives.traffic)
         if directives.routing is not None:
@@ -127,6 +125,61 @@ class FleetService:
                 self.router.set_policy(policy)
         self._apply_draining()
         return True
+
+    def _set_instances(self, static: tuple[InstanceTarget, ...]) -> None:
+        """The instances routed to: fleet.json's and the cluster's registered members. New ones get a client,
+        removed ones lose theirs (closed a poll later, after what they served has ended)."""
+        self._static = tuple(static)
+        names = {i.name for i in self._static}
+        instances = self._static + tuple(m for m in self._members() if m.name not in names)
+        self.config = replace(self.config, instances=instances)
+        names = {i.name for i in instances}
+        for inst in instances:
+            if inst.name not in self.clients:
+                self.clients[inst.name] = self._client(inst)
+        for name in [n for n in self.clients if n not in names]:
+            self._closing.append((self.clients.pop(name), time.monotonic()))
+
+    # ---- the disagg cluster: trtllm-serve workers that register themselves (cluster_store.py) ----------------
+    def _members(self) -> list[InstanceTarget]:
+        """Each registered worker as an instance: CONTEXT ones prefill, GENERATION ones decode, named
+        <role>@<host>:<port> (a worker that registers again under a new id is the same instance)."""
+        from trtpd.schema.trtllm_serve import ProtocolError, WorkerInfo, workers_prefix
+
+        members = {}
+        for key, value in self.cluster.get_prefix(workers_prefix(self.config.cluster_name) + "/").items():
+            try:
+                info = WorkerInfo.from_json(value)
+            except ProtocolError as exc:
+                log.warning("cluster member %s: %s; not routed to", key, exc)
+                continue
+            role = "prefill" if info.role == 0 else "decode"
+            name = f"{role}@{info.host}:{info.port}"
+            members[name] = InstanceTarget(name, role, self.config.model_name, "", "", protocol="trtllm-serve",
+                                           http_url=f"{info.host}:{info.port}")
+        return list(members.values())
+
+    def cluster_changed(self) -> None:
+        """A member registered, left or expired: route to the new ones once their probe answers, drain the gone."""
+        self._set_instances(self._static)
+        self._apply_draining()
+
+    @property
+    def cluster_token(self) -> str:
+        from trtpd.kv.auth import cluster_token
+        return cluster_token(self.key)
+
+    def cluster_info(self) -> dict:
+        """Upstream's router's /cluster_info shape: is_ready, current_workers by section, minimal_instances."""
+        members = self._members()
+        sections = {"context_servers": [m for m in members if m.role == "prefill"],
+                    "generation_servers": [m for m in members if m.role == "decode"]}
+        ready = {v.name for v in self.router.instances() if v.state == "ready"}
+        needed = ("prefill", "decode") if self.config.mode == "disaggregated" else ("colocated",)
+        return {"is_ready": all(any(i.role == r and i.name in ready for i in self.config.instances) for r in needed),
+                "current_workers": {k: [{"name": m.name, "url": f"http://{m.http_url}"} for m in v]
+                                    for k, v in sections.items()},
+                "minimal_instances": {"context_servers": 1, "generation_servers": 1}}
 
     def _apply_draining(self) -> None:
         """The router's draining marks follow the fleet file's; an instance the file no longer has (its client
@@ -193,6 +246,8 @@ class FleetService:
             for client, _ in closing:
                 await client.close()
             try:
+                if self.cluster.sweep():      # members whose heartbeat stopped: drained
+                    self.cluster_changed()
                 self.reload()
                 await self.poll_once()
             except Exception:   # a probe bug must not stop routing updates for good

@@ -181,3 +181,10 @@ def gateway_admin_token(key: bytes) -> str:
     """What a deployment's controller sends (Bearer) to its gateway's /admin endpoints: derived from the
     deployment key, so only its owner (the key file is 0600) can drain, reload or read request samples."""
     return derive_key(key, "gateway-admin").hex()
+
+
+def cluster_token(key: bytes) -> str:
+    """What a worker sends (Bearer) to register with a deployment's gateway as a disagg cluster member
+    (trtpd/gateway/cluster_store.py): derived from the deployment key, so only a worker that holds it can make the
+    gateway route clients' requests to it."""
+    return derive_key(key, "cluster-member").hex()

@@ -92,7 +92,11 @@ def serve(worker, opts) -> None:
     sock.bind((host, opts.port))
     port = sock.getsockname()[1]
     app = create_app(worker)
-    membership = ClusterWorker(opts.cluster, opts.server_role, opts.host, port) if opts.cluster else None
+    token = None
+    if worker.key is not None:
+        from trtpd.kv.auth import cluster_token
+        token = cluster_token(worker.key)
+    membership = ClusterWorker(opts.cluster, opts.server_role, opts.host, port, token) if opts.cluster else None
 
     @asynccontextmanager
     async def lifespan(_app):

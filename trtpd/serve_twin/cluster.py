@@ -32,13 +32,16 @@ def _base(uri: str) -> str:
 
 
 class ClusterWorker:
-    def __init__(self, cluster: DisaggClusterOptions, role: str, host: str, port: int) -> None:
+    def __init__(self, cluster: DisaggClusterOptions, role: str, host: str, port: int, token: str | None = None) -> None:
+        """token: sent as `Authorization: Bearer` (trtpd's gateway admits only members that hold the deployment
+        key; upstream's 1.2.1 storage server has no authentication and ignores it)."""
         self.cluster = cluster
         self.info = WorkerInfo(f"{role}-{host}:{port}-{int(time.time() * 1000)}-{os.getpid()}-"
                                f"{random.randint(0, 1000):03}", host, port, SERVER_ROLES[role])
         self.key = f"{workers_prefix(cluster.cluster_name)}/{self.info.worker_id}"
         self.base = _base(cluster.cluster_uri)
-        self.client = httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S)
+        self.client = httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S,
+                                        headers={"Authorization": f"Bearer {token}"} if token else None)
         self._task: asyncio.Task | None = None
 
     async def _set(self) -> bool:

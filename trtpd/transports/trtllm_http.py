@@ -23,6 +23,7 @@ is a server fault ("internal": retried elsewhere); a worker that cannot be reach
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,7 @@ from trtpd.schema.trtllm_serve import (AUTH_HEADER, CONTEXT_ONLY, GENERATION_ONL
                                        DisaggregatedParams, ProtocolError, error_message)
 
 CONNECT_TIMEOUT_S = 5.0
+UNKNOWN_FREE_BLOCKS = 1 << 30      # a worker that has run no iteration yet: empty, its size not yet known
 METRICS_TIMEOUT_S = 1.0
 
 
@@ -212,8 +214,13 @@ class ServeClient:
         raise self._fail(f"HTTP {status}: {message}", kind)
 
     async def probe(self, role: str) -> InstanceView:
-        """The worker's load from `/metrics` (the iteration stats since the last read; the latest counts). No new
-        iteration since the last read: the view stays as it was. No answer: unhealthy."""
+        """The worker's load from `/metrics`: the iteration stats since the last read, the latest of which counts.
+        trtllm-serve records stats only for iterations it runs, so
+        - a worker that has run none yet is empty: it is reported with unbounded free KV (its size is not known
+          until its first stats), which makes a newly started worker the first choice rather than never chosen;
+        - no iteration since the last read: nothing is queued or running there (a waiting request makes it
+          iterate); a generation worker's KV is all free again, a context worker's holds what it exported.
+        No answer: unhealthy."""
         try:
             r = await self.client.get("/metrics", timeout=METRICS_TIMEOUT_S)
             stats = r.json() if r.status_code == 200 else None
@@ -223,4 +230,10 @@ class ServeClient:
             return InstanceView(name=self.name, role=role, state="unhealthy")
         if stats and isinstance(stats[-1], dict):
             self._view = view_from_stats(self.name, role, stats[-1])
-        return self._view or InstanceView(name=self.name, role=role)
+            return self._view
+        if self._view is None:
+            return InstanceView(name=self.name, role=role, free_kv_blocks=UNKNOWN_FREE_BLOCKS)
+        idle = dataclasses.replace(self._view, waiting=0)
+        if role != "prefill":
+            idle = dataclasses.replace(idle, active=0, free_kv_blocks=idle.max_kv_blocks)
+        return idle

@@ -123,3 +123,35 @@ def test_worker_registrations_round_trip():
     assert workers_prefix("") == "/trtllm-disagg//workers"
     with pytest.raises(ProtocolError, match="role 7"):
         WorkerInfo.from_json(json.dumps({"worker_id": "x", "host": "h", "port": 1, "role": 7}))
+
+
+def _probing(answers: list) -> ServeClient:
+    """A client whose worker answers /metrics with `answers` in turn (an in-process transport: the probe's logic)."""
+    import httpx
+    client = ServeClient("decode-0", "127.0.0.1:9", "m", None)
+    replies = iter(answers)
+
+    def handler(request):
+        answer = next(replies)
+        return httpx.Response(500) if answer is None else httpx.Response(200, json=answer)
+    client.client = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(handler))
+    return client
+
+
+def test_the_probe_reads_the_latest_stats_and_knows_an_idle_or_new_worker():
+    """A worker with no iteration yet is empty (unbounded free KV, so it is picked); an empty read after stats
+    means idle (a generation worker's KV all free again); no answer is unhealthy."""
+    stats = {"numQueuedRequests": 1, "numActiveRequests": 3, "maxNumActiveRequests": 8,
+             "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 40, "tokensPerBlock": 32}}
+    client = _probing([[], [{"numActiveRequests": 9}, stats], [], None])
+
+    async def run():
+        try:
+            return [await client.probe("decode") for _ in range(4)]
+        finally:
+            await client.close()
+    new, busy, idle, gone = asyncio.run(run())
+    assert new.state == "ready" and new.free_kv_blocks > 1_000_000 and new.max_kv_blocks == 0
+    assert (busy.active, busy.waiting, busy.free_kv_blocks) == (3, 1, 40)
+    assert (idle.active, idle.waiting, idle.free_kv_blocks, idle.max_kv_blocks) == (0, 0, 100, 100)
+    assert gone.state == "unhealthy"
