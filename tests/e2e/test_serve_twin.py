@@ -199,20 +199,35 @@ def test_worker_errors_are_flat_400_error_responses_and_requests_need_the_orches
     assert r.status_code == 400 and r.json()["object"] == "error"
 
 
-def test_metrics_are_iteration_stats_only_when_enabled(serve_fleet):
-    """/metrics drains the iteration stats (a JSON list), and is [] without enable_iter_perf_stats."""
+def test_metrics_are_iteration_stats_handed_out_once_and_only_when_enabled(serve_fleet, tmp_path):
+    """/metrics: the iteration stats since the last read (a JSON list, drained by the read), and [] without
+    enable_iter_perf_stats. A worker no gateway probes, so that no other reader takes them first."""
     prompt = _prompts(serve_fleet["root"], [20])[0]
     _colocated(serve_fleet, prompt, 2)
     assert httpx.get(f"{serve_fleet['colo'].url}/metrics", timeout=10).json() == []
-    client = openai.OpenAI(base_url=f"{serve_fleet['gateway'].url}/v1", api_key="unused", max_retries=0)
-    client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=2, temperature=0)
-    stats = httpx.get(f"{serve_fleet['gen'].url}/metrics", timeout=10).json()
-    stats = stats or httpx.get(f"{serve_fleet['gen'].url}/metrics", timeout=10).json()
-    assert isinstance(stats, list)
-    for entry in stats:
-        assert {"iter", "numActiveRequests", "numQueuedRequests", "maxNumActiveRequests", "kvCacheStats"} <= set(entry)
-        assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock"} <= set(entry["kvCacheStats"])
-    assert httpx.get(f"{serve_fleet['ctx'].url}/version", timeout=10).json() == {"version": "1.2.1"}
+    (tmp_path / "stats.yaml").write_text("enable_iter_perf_stats: true\n")
+    worker = twin(tmp_path, "stats", serve_fleet["root"], "--extra_llm_api_options", str(tmp_path / "stats.yaml"))
+    try:
+        assert httpx.get(f"{worker.url}/metrics", timeout=10).json() == []      # no iteration yet
+        r = httpx.post(f"{worker.url}/v1/completions", timeout=60,
+                       json={"model": "tiny-llama", "prompt": prompt, "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200
+        stats = httpx.get(f"{worker.url}/metrics", timeout=10).json()
+        assert [s["iter"] for s in stats] == [1, 2, 3]       # a prefill-and-first-token step, then two decode steps
+        for entry in stats:
+            assert {"numActiveRequests", "numQueuedRequests", "maxNumActiveRequests", "kvCacheStats"} <= set(entry)
+            assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock"} <= set(entry["kvCacheStats"])
+        assert httpx.get(f"{worker.url}/metrics", timeout=10).json() == []      # handed out once
+        assert httpx.get(f"{worker.url}/version", timeout=10).json() == {"version": "1.2.1"}
+    finally:
+        worker.stop()
+
+
+def _samples(fleet, since: float) -> list[dict]:
+    from trtpd.kv.auth import gateway_admin_token
+    r = httpx.get(f"{fleet['gateway'].url}/admin/requests", params={"since": since}, timeout=10,
+                  headers={"Authorization": f"Bearer {gateway_admin_token(fleet['key'])}"})
+    return r.json()["requests"]
 
 
 def _health(fleet) -> dict:
@@ -232,7 +247,7 @@ def test_a_worker_that_registers_is_routed_to_and_one_that_leaves_is_not(serve_f
         "value": json.dumps({"worker_id": "x", "host": "127.0.0.1", "port": 9, "role": 1})})
     assert refused.status_code == 401
     key = next(tmp_path.parent.glob("serve-twin*/deployment.key"))
-    (tmp_path / "stats.yaml").write_text("enable_iter_perf_stats: true\n")
+    (tmp_path / "stats.yaml").write_text("enable_iter_perf_stats: true\n")   # the gateway's probe reads them
     gen2 = twin(tmp_path, "gen2", serve_fleet["root"], "--server_role", "GENERATION", "--host", "127.0.0.1",
                 "--twin_key_file", str(key), "--extra_llm_api_options", str(tmp_path / "stats.yaml"),
                 "--disagg_cluster_uri", f"{gateway}/cluster")
@@ -248,17 +263,74 @@ def test_a_worker_that_registers_is_routed_to_and_one_that_leaves_is_not(serve_f
         info = httpx.get(f"{gateway}/cluster_info", timeout=10,
                          headers={"Authorization": f"Bearer {cluster_token(serve_fleet['key'])}"}).json()
         assert [w["name"] for w in info["current_workers"]["generation_servers"]] == [name] and info["is_ready"]
-        httpx.get(f"{gen2.url}/metrics", timeout=10)      # drains what it did before: nothing, it was just started
+        since = time.time()
         for _ in range(8):
             assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
                                              temperature=0).choices[0].text == want
-        assert httpx.get(f"{gen2.url}/metrics", timeout=10).json(), "the registered worker got no request"
+        # which instance served each request: the gateway's samples (its probe drains the worker's /metrics)
+        served = {r["decode_instance"] for r in _samples(serve_fleet, since)}
+        assert name in served, served
     finally:
         gen2.stop()
     deadline = time.monotonic() + 15
     while name in _health(serve_fleet) and _health(serve_fleet)[name]["state"] == "ready":
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    since = time.time()
     for _ in range(4):
         assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=4,
                                          temperature=0).choices[0].text == want
+    assert {r["decode_instance"] for r in _samples(serve_fleet, since)} == {"decode-0"}
+
+
+def _trtpd(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trtpd.cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_trtpd_up_starts_a_2p2d_trtllm_serve_fleet_that_outlives_a_killed_worker(serve_fleet, tmp_path):
+    """`trtpd up --fleet --backend trtllm-serve --prefill 2 --decode 2`: twin workers and the gateway; the openai
+    client gets the colocated engine's text. SIGKILL of the generation worker serving a stream ends that stream
+    with an error; SIGKILL of a context worker: requests go on, prefilled on the other; `trtpd down` stops all."""
+    import os
+
+    from trtpd.process_identity import is_running
+
+    env = {**os.environ, "TRTPD_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    up = _trtpd("up", "--fleet", "--backend", "trtllm-serve", "--prefill", "2", "--decode", "2", "--name", "ts",
+                "--no-auth", "--engines", str(serve_fleet["root"]), env=env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    record = json.loads((tmp_path / "home" / "deployments" / "ts" / "fleet.json").read_text())
+    pids = {i["name"]: (i["server"]["pid"], i["server"]["start_time"]) for i in record["instances"]}
+    try:
+        assert {i["protocol"] for i in record["instances"]} == {"trtllm-serve"} and len(pids) == 4
+        gateway = f"http://127.0.0.1:{record['gateway']['port']}"
+        client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
+        prompts = _prompts(serve_fleet["root"], [5, 60, 400, 900])
+        for prompt in prompts:
+            want = _colocated(serve_fleet, prompt, 5)["choices"][0]["text"]
+            assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=5,
+                                             temperature=0).choices[0].text == want
+        # a generation worker dies under a stream it serves
+        stream = client.completions.create(model="tiny-llama", prompt=prompts[0], max_tokens=400, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        first = next(iter(stream))
+        assert first.choices[0].text is not None
+        holds = {i["name"]: i["gateway_holds"] for i in httpx.get(f"{gateway}/health", timeout=10).json()["instances"]}
+        serving = next(n for n, h in holds.items() if n.startswith("decode") and h)
+        os.kill(pids[serving][0], signal.SIGKILL)
+        with pytest.raises(openai.APIError) as broken:
+            for _ in stream:
+                pass
+        print("mid-stream error:", broken.value)
+        assert serving in str(broken.value)
+        # a context worker dies; what comes next is prefilled on the other one
+        os.kill(pids["prefill-0"][0], signal.SIGKILL)
+        for prompt in prompts:
+            want = _colocated(serve_fleet, prompt, 5)["choices"][0]["text"]
+            assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=5,
+                                             temperature=0).choices[0].text == want
+    finally:
+        down = _trtpd("down", "--name", "ts", env=env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(is_running(pid, started) for pid, started in pids.values())

@@ -24,6 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="one tritonserver per instance (own ports, state folder and cores) instead of one server, "
                         "behind an OpenAI-compatible gateway")
     p.add_argument("--gateway-port", type=a.port, default=0, help="--fleet: the gateway's port (default: a free one)")
+    p.add_argument("--backend", choices=("triton", "trtllm-serve"), default="triton",
+                   help="--fleet: each instance a tritonserver with its role model (default), or a trtllm-serve worker "
+                        "(on the CPU: trtpd's twin of one, python -m trtpd.serve_twin) reached over trtllm-serve's "
+                        "HTTP protocol")
     p.add_argument("--triton-entry", action="store_true",
                    help="--fleet: also a Triton server with the ensemble, routed across the instances like the gateway")
     auth = p.add_mutually_exclusive_group()
@@ -47,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         return run_spec(args)
     if args.fleet:
         return run_fleet(args)
+    if args.backend != "triton":
+        raise a.ConfigError(f"--backend {args.backend} needs --fleet (one worker per instance, behind the gateway)")
     if args.gateway_port or args.api_key_file or args.no_auth or args.triton_entry:
         raise a.ConfigError("--gateway-port, --api-key-file, --no-auth and --triton-entry need --fleet (the single "
                             "server has no gateway; its ensemble is the Triton entry)")
@@ -82,11 +88,17 @@ def run_fleet(args: argparse.Namespace) -> int:
     if mode == "colocated" and args.mode != "colocated" and "mode" in a.given(args):
         a.refuse_given(args, ("colocated_instances",), f"not used by --mode {args.mode}")
     spec = reference_spec(args, mode)
+    starter = None
+    if args.backend == "trtllm-serve":
+        a.refuse_given(args, ("triton_entry", "kv_transport"), "not used by --backend trtllm-serve (its workers "
+                                                                "move KV as cache_transceiver_config says)")
+        from trtpd.fleet.serve_workers import ServeStarter
+        starter = ServeStarter(spec)
     counts = ({"colocated": spec.colocated_instances} if mode == "colocated" else
               {"prefill": spec.prefill_instances, "decode": spec.decode_instances})
     print(f"starting {mode} fleet {args.name!r} ({', '.join(f'{n} {r}' for r, n in counts.items())}; "
           f"decode first) ...", flush=True)
-    fleet = fleet_up(args.name, spec, replace=args.replace, triton_entry=args.triton_entry, **counts)
+    fleet = fleet_up(args.name, spec, replace=args.replace, triton_entry=args.triton_entry, starter=starter, **counts)
     try:
         attach_gateway(fleet, port=args.gateway_port, api_key_file=args.api_key_file, no_auth=args.no_auth)
     except BaseException:
@@ -96,6 +108,10 @@ def run_fleet(args: argparse.Namespace) -> int:
     print_gateway(fleet.gateway)
     for i in fleet.instances:
         s = i.server
+        if i.protocol == "trtllm-serve":
+            print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  trtllm-serve http://{i.http_url}/v1  log {s.log_path}  "
+                  f"cpus {','.join(map(str, i.cpus))}")
+            continue
         print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  gRPC {i.grpc_url}  HTTP http://{i.http_url}  "
               f"metrics {i.metrics_url}  KV {i.kv_advertise or '-'}  cpus {','.join(map(str, i.cpus))}")
     entry = next((i for i in fleet.instances if i.role == "entry"), None)

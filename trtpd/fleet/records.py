@@ -55,6 +55,7 @@ class InstanceRecord:
     max_seq_len: int
     revision: int = 0           # the controller's revision it runs (0: a fleet started without a controller)
     admin_state: str = "ready"  # ready | draining: the controller's word to the gateway (no new requests)
+    protocol: str = "triton-grpc"   # triton-grpc: a tritonserver; trtllm-serve: a worker (fleet/serve_workers.py)
 
     @property
     def grpc_url(self) -> str:
@@ -72,7 +73,7 @@ class InstanceRecord:
         """The instance as the gateway reads it."""
         return RoutedInstance(self.name, self.role, self.model, self.grpc_url, self.metrics_url, self.max_input_len,
                               self.max_seq_len, self.max_batch_size, self.http_url, self.revision, self.admin_state,
-                              self.kv_advertise)
+                              self.kv_advertise, self.protocol)
 
     def to_dict(self) -> dict:
         """The shared fields (FleetFile's), then this host's own."""

@@ -42,7 +42,8 @@ def instance_view(fleet: FleetRecord, inst: InstanceRecord) -> dict:
     return {"name": inst.name, "role": inst.role, "state": state, "reason": reason, "pid": inst.server.pid,
             "start_time": inst.server.start_time, "grpc": inst.grpc_url, "http": inst.http_url,
             "metrics": inst.metrics_url, "kv": inst.kv_advertise, "cpus": inst.cpus,
-            "load": load(inst.metrics_url, inst.model) if state == "ready" else {}}
+            # a trtllm-serve worker's /metrics hands each iteration's stats out once: the gateway's probe reads them
+            "load": load(inst.metrics_url, inst.model) if state == "ready" and inst.protocol == "triton-grpc" else {}}
 
 
 def fleet_view(fleet: FleetRecord) -> dict:

@@ -186,6 +186,7 @@ class ServerProcess:
     shm_prefix: str
     admin_key_file: str = ""      # secret for Triton's restricted APIs (server_guard.admin_headers)
     start_time: int = 0           # field 22 of /proc/<pid>/stat at start: a reused pid is not ours (0: unknown)
+    ready_path: str = "/v2/health/ready"   # what answers 200 once it serves (a trtllm-serve worker's: /health)
 
     def admin_headers(self, protocol: str = "http") -> dict[str, str]:
         from trtpd.fleet.server_guard import admin_headers
@@ -237,7 +238,7 @@ class ServerProcess:
         return bool(self.start_time) and now is not None and now != self.start_time
 
     def is_ready(self, timeout_s: float = 1.0) -> bool:
-        return _answers_200(f"http://{self.http_url}/v2/health/ready", timeout_s)
+        return _answers_200(f"http://{self.http_url}{self.ready_path}", timeout_s)
 
     def metrics_ready(self, timeout_s: float = 1.0) -> bool:
         """The metrics endpoint answers: tritonserver starts it after the HTTP endpoint, so a server can say
