@@ -102,8 +102,9 @@ def test_one_fleet_file_model_for_its_three_codecs(home):
                           [fleet_instance("decode-0", "decode", 2, "10.0.0.5", 8000, spec, "draining")], None)
     k8s = FleetFile.from_dict(json.loads(text))
     assert k8s.key_file == KEY_FILE and k8s.draining == {"decode-0"}
-    assert (k8s.instances[0].grpc_url, k8s.instances[0].max_seq_len, k8s.instances[0].revision) == \
-        ("10.0.0.5:8000", 2048, 2)
+    # a pod runs trtllm-serve: the gateway reaches it over its OpenAI HTTP (it used to be handed a gRPC address)
+    assert (k8s.instances[0].protocol, k8s.instances[0].http_url, k8s.instances[0].max_seq_len,
+            k8s.instances[0].revision) == ("trtllm-serve", "10.0.0.5:8000", 2048, 2)
     bad = home / "bad.json"
     bad.write_text('{"name": "x"}')
     with pytest.raises(ValueError, match="not a fleet file"):

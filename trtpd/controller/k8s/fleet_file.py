@@ -21,11 +21,12 @@ FLEET_FILE = "fleet.json"
 
 def fleet_instance(name: str, role: str, revision: int, pod_ip: str, port: int, spec: EngineRoleSpec,
                    admin_state: str = "ready") -> RoutedInstance:
-    """One instance as the gateway reads it. grpc_url is host:port of the pod's trtllm-serve, which speaks
-    OpenAI HTTP, not Triton gRPC (see the README's Kubernetes section for what the gateway lacks there)."""
-    return RoutedInstance(name, role, role, f"{pod_ip}:{port}", f"http://{pod_ip}:{port}/metrics",
+    """One instance as the gateway reads it: the pod's trtllm-serve, reached over its OpenAI HTTP API with
+    disaggregated_params (protocol trtllm-serve: trtpd/transports/trtllm_http.py; its load from /metrics)."""
+    return RoutedInstance(name, role, role, "", f"http://{pod_ip}:{port}/metrics",
                           spec.max_input_len, spec.max_seq_len, spec.max_batch_size,
-                          http_url=f"http://{pod_ip}:{port}", revision=revision, admin_state=admin_state)
+                          http_url=f"{pod_ip}:{port}", revision=revision, admin_state=admin_state,
+                          protocol="trtllm-serve")
 
 
 def fleet_document(name: str, mode: str, build_root: str, tokenizer_dir: str, instances: list[RoutedInstance],
