@@ -5,6 +5,7 @@ trtllm-serve 1.2.1 speaks it (docs/serve-twin.md)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -288,49 +289,131 @@ def _trtpd(*args: str, env: dict) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_trtpd_up_starts_a_2p2d_trtllm_serve_fleet_that_outlives_a_killed_worker(serve_fleet, tmp_path):
-    """`trtpd up --fleet --backend trtllm-serve --prefill 2 --decode 2`: twin workers and the gateway; the openai
-    client gets the colocated engine's text. SIGKILL of the generation worker serving a stream ends that stream
-    with an error; SIGKILL of a context worker: requests go on, prefilled on the other; `trtpd down` stops all."""
-    import os
+def _stream(client, prompt: str, max_tokens: int) -> tuple[str, str | None, float]:
+    """(text, error or None, seconds) of one streamed completion."""
+    started, text = time.monotonic(), ""
+    try:
+        for chunk in client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=max_tokens,
+                                               temperature=0, stream=True):
+            text += chunk.choices[0].text if chunk.choices else ""
+    except openai.APIError as exc:
+        return text, f"{type(exc).__name__}: {exc}", time.monotonic() - started
+    return text, None, time.monotonic() - started
+
+
+def test_trtpd_up_starts_a_trtllm_serve_fleet_that_outlives_killed_workers(serve_fleet, tmp_path):
+    """`trtpd up --fleet --backend trtllm-serve --prefill 3 --decode 2`: twin workers and the gateway; the openai
+    client gets the colocated engine's text. SIGKILL of a context worker under 8 streams of ~700-token prompts:
+    what it had not handed over is prefilled again on another. A context worker killed after it answered, before
+    the generation worker pulled its KV: the pull fails with trtllm-serve's 400, whose words do not say so; the
+    gateway's orchestrator sees the context worker gone and prefills again elsewhere. SIGKILL of the generation
+    worker serving a stream ends that stream with an error naming it; `trtpd down` stops all."""
+    from concurrent.futures import ThreadPoolExecutor
 
     from trtpd.process_identity import is_running
 
     env = {**os.environ, "TRTPD_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
-    up = _trtpd("up", "--fleet", "--backend", "trtllm-serve", "--prefill", "2", "--decode", "2", "--name", "ts",
+    up = _trtpd("up", "--fleet", "--backend", "trtllm-serve", "--prefill", "3", "--decode", "2", "--name", "ts",
                 "--no-auth", "--engines", str(serve_fleet["root"]), env=env)
     assert up.returncode == 0, up.stdout + up.stderr
     record = json.loads((tmp_path / "home" / "deployments" / "ts" / "fleet.json").read_text())
     pids = {i["name"]: (i["server"]["pid"], i["server"]["start_time"]) for i in record["instances"]}
     try:
-        assert {i["protocol"] for i in record["instances"]} == {"trtllm-serve"} and len(pids) == 4
+        assert {i["protocol"] for i in record["instances"]} == {"trtllm-serve"} and len(pids) == 5
         gateway = f"http://127.0.0.1:{record['gateway']['port']}"
-        client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
-        prompts = _prompts(serve_fleet["root"], [5, 60, 400, 900])
-        for prompt in prompts:
-            want = _colocated(serve_fleet, prompt, 5)["choices"][0]["text"]
-            assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=5,
-                                             temperature=0).choices[0].text == want
+        client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=60)
+        prompts = _prompts(serve_fleet["root"], [700 + 13 * i for i in range(8)])
+        expected = [_colocated(serve_fleet, p, 24)["choices"][0]["text"] for p in prompts]
+        assert [client.completions.create(model="tiny-llama", prompt=p, max_tokens=24, temperature=0)
+                .choices[0].text for p in prompts[:2]] == expected[:2]
+
+        def holds(name: str) -> int:
+            return {i["name"]: i["gateway_holds"] for i in
+                    httpx.get(f"{gateway}/health", timeout=10).json()["instances"]}.get(name, 0)
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            futures = [pool.submit(_stream, client, p, 24) for p in prompts]
+            deadline = time.monotonic() + 30
+            while not holds("prefill-0"):
+                assert time.monotonic() < deadline, "prefill-0 got none of the requests"
+                time.sleep(0.005)
+            os.kill(pids["prefill-0"][0], signal.SIGKILL)
+            results = [f.result(timeout=90) for f in futures]
+        errors = [err for _, err, _ in results if err is not None]
+        print(f"SIGKILL prefill-0 under 8 streams: {8 - len(errors)} completed, errors {errors}")
+        assert all(text == expected[i] for i, (text, err, _) in enumerate(results) if err is None)
+        assert len(errors) <= 2 and all("instance" in err for err in errors), errors
+        _kv_pull_from_a_dead_context_worker(record, pids, prompts[0], expected[0])
         # a generation worker dies under a stream it serves
         stream = client.completions.create(model="tiny-llama", prompt=prompts[0], max_tokens=400, temperature=0,
                                            stream=True, extra_body={"ignore_eos": True})
-        first = next(iter(stream))
-        assert first.choices[0].text is not None
-        holds = {i["name"]: i["gateway_holds"] for i in httpx.get(f"{gateway}/health", timeout=10).json()["instances"]}
-        serving = next(n for n, h in holds.items() if n.startswith("decode") and h)
+        next(iter(stream))
+        serving = next(n for n in ("decode-0", "decode-1") if holds(n))
         os.kill(pids[serving][0], signal.SIGKILL)
         with pytest.raises(openai.APIError) as broken:
             for _ in stream:
                 pass
-        print("mid-stream error:", broken.value)
         assert serving in str(broken.value)
-        # a context worker dies; what comes next is prefilled on the other one
-        os.kill(pids["prefill-0"][0], signal.SIGKILL)
-        for prompt in prompts:
-            want = _colocated(serve_fleet, prompt, 5)["choices"][0]["text"]
-            assert client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=5,
-                                             temperature=0).choices[0].text == want
+        for i in range(3):     # the survivors serve what comes next
+            assert client.completions.create(model="tiny-llama", prompt=prompts[i], max_tokens=24,
+                                             temperature=0).choices[0].text == expected[i]
     finally:
         down = _trtpd("down", "--name", "ts", env=env)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not any(is_running(pid, started) for pid, started in pids.values())
+
+
+def _kv_pull_from_a_dead_context_worker(record: dict, pids: dict, prompt: str, expected: str) -> None:
+    """prefill-1 answers a context request, then is SIGKILLed before decode-0 pulls. decode-0 answers trtllm-serve's
+    400 (its KV pull failed); the gateway's orchestrator (here in this process, over the same transports and
+    probes) finds prefill-1 gone and prefills again on prefill-2, so the request completes."""
+    import asyncio
+
+    from trtpd.engine.text_tokenizers import load_text_tokenizer
+    from trtpd.kv.handle import load_or_create_key_file
+    from trtpd.orchestration.orchestrator import Orchestrator
+    from trtpd.orchestration.transport import RoleChunk, RoleError, SamplingInputs
+    from trtpd.routing.core import InstanceView, Router, RoutingPolicy
+    from trtpd.transports.trtllm_http import ServeClient
+
+    key = load_or_create_key_file(record["key_file"])
+    by_name = {i["name"]: i for i in record["instances"]}
+    clients = {n: ServeClient(n, by_name[n]["http_url"], "tiny-llama", key) for n in ("prefill-1", "prefill-2",
+                                                                                        "decode-0")}
+    ids = load_text_tokenizer(record["tokenizer_dir"]).encode(prompt)
+    sampling = SamplingInputs(max_new_tokens=24, end_id=2)
+
+    class Answered:
+        """prefill-1 as the orchestrator meets it: it answered (for real, before it was killed), then it is gone."""
+        name = "prefill-1"
+
+        def __init__(self, chunk: RoleChunk) -> None:
+            self.chunk = chunk
+
+        async def stream(self, *args, **kwargs):
+            yield self.chunk
+
+        async def close(self) -> None:
+            await clients["prefill-1"].close()
+
+    async def go():
+        answer = [c async for c in clients["prefill-1"].stream("ctx", "context_only", ids, sampling)][-1]
+        os.kill(pids["prefill-1"][0], signal.SIGKILL)
+        with pytest.raises(RoleError) as pull:     # what the generation worker says: a 400, "internal"
+            async for _ in clients["decode-0"].stream("gen", "generation_only", ids, sampling, answer.handle):
+                pass
+        assert pull.value.kind == "internal" and not pull.value.transport and "HTTP 400" in str(pull.value)
+        router = Router(RoutingPolicy())
+        router.update([InstanceView("prefill-1", "prefill"), InstanceView("prefill-2", "prefill", waiting=5),
+                       InstanceView("decode-0", "decode", free_kv_blocks=100, max_kv_blocks=100)], 0.0)
+
+        async def alive(name: str) -> bool:
+            return (await clients[name].probe("prefill")).state != "unhealthy"
+        orchestrator = Orchestrator("disaggregated", router, {**clients, "prefill-1": Answered(answer)}, alive=alive)
+        steps = [s async for s in orchestrator.generate("r", ids, sampling)]
+        for c in clients.values():
+            await c.close()
+        return steps
+    steps = asyncio.run(go())
+    tokenizer = load_text_tokenizer(record["tokenizer_dir"])
+    assert tokenizer.decode([t for s in steps for t in s.token_ids]) == expected
+    assert {s.prefill_instance for s in steps if s.token_ids} == {"prefill-2"}

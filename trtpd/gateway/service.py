@@ -62,7 +62,8 @@ class FleetService:
         cfg = self.config
         self._set_instances(cfg.instances)
         self.orchestrator = Orchestrator(cfg.mode, self.router, self.clients,
-                                              wait_for_instance_s=cfg.wait_for_instance_s, give_up=self.give_up_kv)
+                                         wait_for_instance_s=cfg.wait_for_instance_s, give_up=self.give_up_kv,
+                                         alive=self.instance_alive)
         self.reload()
         await self.poll_once()
         self._poller = asyncio.create_task(self._poll_forever())
@@ -228,6 +229,12 @@ class FleetService:
             m.active.labels(v.name, v.role).set(v.active)
             m.kv_blocks.labels(v.name, v.role, "free").set(v.free_kv_blocks)
             m.kv_blocks.labels(v.name, v.role, "used").set(v.max_kv_blocks - v.free_kv_blocks)
+
+    async def instance_alive(self, name: str) -> bool:
+        """Whether the instance answers its probe now (the orchestrator asks after a generation request failed with
+        words that do not say whether its KV pull or decode failed)."""
+        inst = next((i for i in self.config.instances if i.name == name), None)
+        return inst is not None and (await self._probe(inst)).state != "unhealthy"
 
     async def _probe(self, inst: InstanceTarget) -> InstanceView:
         client = self.clients.get(inst.name)

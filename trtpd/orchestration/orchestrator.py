@@ -13,7 +13,7 @@ import asyncio
 import time
 from collections import Counter
 from contextlib import aclosing
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from trtpd.orchestration.transport import RoleChunk, RoleError, RoleTransport, SamplingInputs
@@ -47,7 +47,8 @@ class Orchestrator:
     def __init__(self, mode: str, router: Router, clients: dict[str, RoleTransport],
                  clock: Callable[[], float] = time.monotonic, wait_for_instance_s: float = 0.0,
                  give_up: Callable[[str, str, bytes | None], None] | None = None,
-                 first_token_at: str = "decode") -> None:
+                 first_token_at: str = "decode",
+                 alive: Callable[[str], Awaitable[bool]] | None = None) -> None:
         """first_token_at: where the client's first token comes from when prefill's answer carries one (TensorRT-LLM's
         after-prefill transfer; decode then repeats it): "decode" (the default: prefill's token is not sent, decode's
         stream goes as it is, as trtllm-serve's disaggregated server does; a decode that fails before its first
@@ -59,12 +60,18 @@ class Orchestrator:
         give_up(instance, sub_request_id, handle or None): told (it must not block) of a prefill export that no
         decode will pull: the request ended or moved on first (the client went away, no decode could take it, it
         is prefilled again), so that prefill frees those blocks now rather than at the export's deadline; without
-        a handle (the client left while prefill's answer was on its way) by the sub-request's id."""
+        a handle (the client left while prefill's answer was on its way) by the sub-request's id.alive(instance): whether the instance answers now (a fresh probe). TensorRT-LLM says only that a
+        generation request failed (INTERNAL on Triton, a 400 from trtllm-serve), whether its KV pull failed because
+        the prefill instance it pulled from died or decode itself failed. Before its first token, such a failure is
+        read as a KV pull's when the prefill instance no longer answers: it is prefilled again elsewhere (the
+        routing core's retry_prefill, that instance marked unhealthy), not failed as decode's.
+        """
         if first_token_at not in ("decode", "prefill"):
             raise ValueError(f"first_token_at {first_token_at!r}: expected decode or prefill")
         self.mode = mode
         self.first_token_at = first_token_at
         self.give_up = give_up
+        self.alive = alive
         self.wait_for_instance_s = wait_for_instance_s
         self.router = router
         self.clients = clients
@@ -149,6 +156,12 @@ class Orchestrator:
                     # the decode model's own "unavailable" is a KV pull that failed (prefill gone, export
                     # expired); a decode instance that cannot be reached is decode's failure, not prefill's
                     stage = "kv_pull" if exc.kind == "unavailable" and not exc.transport else "decode"
+                    if stage == "decode" and not exc.transport and exc.kind == "internal" and self.alive is not None \
+                            and not await self.alive(prefill.instance):
+                        # TensorRT-LLM's words do not say which side failed; the prefill instance it pulled from is
+                        # gone, so its KV was: prefill again elsewhere
+                        stage, exc = "kv_pull", RoleError(f"{exc} (prefill instance {prefill.instance} no longer "
+                                                          f"answers)", "unavailable", exc.instance)
                     failed, attempt = self._decide(request_id, stage, exc, attempt, failed,
                                                    culprit=prefill.instance if stage == "kv_pull" else exc.instance)
             finally:

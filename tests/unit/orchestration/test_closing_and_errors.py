@@ -107,3 +107,48 @@ def test_a_refused_prefill_says_why_after_the_verdict():
 def test_every_role_model_kind_maps_onto_the_routing_cores_three(kind, routed):
     assert routed_kind(kind) == routed
     assert RoleError("x", kind, "i").kind == routed        # the routing core refuses any other kind
+
+
+def _alive(answers: dict[str, bool], asked: list[str]):
+    async def alive(instance: str) -> bool:
+        asked.append(instance)
+        return answers[instance]
+    return alive
+
+
+def test_an_untagged_decode_failure_is_the_kv_pulls_when_its_prefill_no_longer_answers():
+    """TensorRT-LLM fails a generation request whose KV pull failed with words that do not say so (INTERNAL, or
+    trtllm-serve's 400): with the prefill instance it pulled from gone, the request is prefilled again elsewhere
+    (and that prefill marked unhealthy) instead of failing as decode's fault (decode is tried once)."""
+    class _FailsFirst(_Fake):
+        def __init__(self, name):
+            super().__init__(name)
+            self.calls = 0
+
+        async def stream(self, request_id, request_type, prompt_ids, sampling, handle=None):
+            self.calls += 1
+            if self.calls == 1:
+                raise RoleError("Executor failed process requestId 3 due to the following error: transfer failed",
+                                "internal", self.name)
+            async for chunk in super().stream(request_id, request_type, prompt_ids, sampling, handle):
+                yield chunk
+
+    def run(prefill_alive: bool):
+        clients = {"prefill-0": _Fake("prefill-0"), "prefill-1": _Fake("prefill-1"), "decode": _FailsFirst("decode")}
+        router = Router(RoutingPolicy())
+        router.update([InstanceView("prefill-0", "prefill"), InstanceView("prefill-1", "prefill"),
+                       InstanceView("decode", "decode")], 0.0)
+        asked: list[str] = []
+        orchestrator = Orchestrator("disaggregated", router, clients, alive=_alive(
+            {"prefill-0": prefill_alive, "prefill-1": True}, asked))
+
+        async def go():
+            return [s async for s in orchestrator.generate("r", [1, 2, 3], SamplingInputs(max_new_tokens=4))]
+        return asyncio.run(go()), asked, router
+    steps, asked, router = run(prefill_alive=False)
+    assert asked == ["prefill-0"]
+    assert [t for s in steps for t in s.token_ids] == [7, 101, 102, 103]
+    assert {s.prefill_instance for s in steps} == {"prefill-1"}
+    assert {v.name: v.state for v in router.instances()}["prefill-0"] == "unhealthy"
+    with pytest.raises(OrchestratorError, match="decode .*failed"):    # prefill answers: decode's own failure
+        run(prefill_alive=True)
