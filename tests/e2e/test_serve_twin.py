@@ -35,6 +35,13 @@ class Proc:
     def __init__(self, argv: list[str], state: Path, log: Path) -> None:
         self.state, self.log = state, log
         self.popen = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        try:
+            self._wait(argv, state, log)
+        except BaseException:       # whatever went wrong, the process this started does not outlive the test
+            self.stop()
+            raise
+
+    def _wait(self, argv: list[str], state: Path, log: Path) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not state.exists():
             if self.popen.poll() is not None or time.monotonic() > deadline:
@@ -358,8 +365,18 @@ def test_trtpd_up_starts_a_trtllm_serve_fleet_that_outlives_killed_workers(serve
                                              temperature=0).choices[0].text == expected[i]
     finally:
         down = _trtpd("down", "--name", "ts", env=env)
+        _kill_leftovers(record, pids)
     assert down.returncode == 0, down.stdout + down.stderr
     assert not any(is_running(pid, started) for pid, started in pids.values())
+
+
+def _kill_leftovers(record: dict, pids: dict) -> None:
+    """Whatever `trtpd down` left running (it failed, or the test did before it): the workers, the gateway and its
+    supervisord, by pid and start time, so the next test starts on an empty machine."""
+    from trtpd.process_identity import signal_exact
+    others = [(int(p["pid"]), p.get("start_time")) for p in (record.get("gateway"), record.get("supervisor")) if p]
+    for pid, started in [*pids.values(), *others]:
+        signal_exact(pid, started, signal.SIGKILL)
 
 
 def _kv_pull_from_a_dead_context_worker(record: dict, pids: dict, prompt: str, expected: str) -> None:
