@@ -105,6 +105,8 @@ def parse_args(argv: list[str]) -> TwinOptions:
     if args.disagg_cluster_uri:
         cluster = DisaggClusterOptions(args.disagg_cluster_uri) if cluster is None else \
             dataclasses.replace(cluster, cluster_uri=args.disagg_cluster_uri)
+    if cluster is not None and not cluster.cluster_uri:
+        raise ConfigError("disagg_cluster has no cluster_uri: give it in the YAML or with --disagg_cluster_uri")
     if cluster is not None and not args.server_role:
         raise ConfigError("--server_role is required with a disagg cluster (--disagg_cluster_uri or the YAML's "
                           "disagg_cluster): it says whether this worker registers as CONTEXT or GENERATION")
@@ -132,14 +134,15 @@ class DisaggClusterOptions:
 
     @classmethod
     def from_dict(cls, data: object, source: str) -> "DisaggClusterOptions":
-        if not isinstance(data, dict) or not isinstance(data.get("cluster_uri"), str):
-            raise ConfigError(f"{source}: disagg_cluster must be a mapping with a cluster_uri")
+        if not isinstance(data, dict) or not isinstance(data.get("cluster_uri", ""), str):
+            raise ConfigError(f"{source}: disagg_cluster must be a mapping (cluster_uri a string; --disagg_cluster_uri "
+                              f"may give it instead)")
         known = ("cluster_uri", "cluster_name", "minimal_instances", "heartbeat_interval_sec", "inactive_timeout_sec")
         unknown = [k for k in data if k not in known]
         if unknown:    # DisaggClusterConfig(**section) raises on them upstream
             raise ConfigError(f"{source}: disagg_cluster.{unknown[0]} is not a DisaggClusterConfig field "
                               f"({', '.join(known)})")
-        return cls(data["cluster_uri"], str(data.get("cluster_name") or ""),
+        return cls(data.get("cluster_uri", ""), str(data.get("cluster_name") or ""),
                    float(data.get("heartbeat_interval_sec", 5)), float(data.get("inactive_timeout_sec", 10)))
 
 

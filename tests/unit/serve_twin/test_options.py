@@ -43,7 +43,7 @@ def test_roles_gpu_flags_and_the_yaml(tmp_path):
     ({"kv_cache_config": [1]}, "kv_cache_config"),
     ({"enable_iter_perf_stats": "yes"}, "enable_iter_perf_stats"),
     ({"disagg_cluster": {"cluster_uri": "http://h:1", "heartbeat": 3}}, "disagg_cluster.heartbeat"),
-    ({"disagg_cluster": {"cluster_name": "a"}}, "cluster_uri"),
+    ({"disagg_cluster": {"cluster_uri": 5}}, "cluster_uri"),
 ])
 def test_a_bad_yaml_value_is_refused_by_its_name(data, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -60,6 +60,15 @@ def test_the_cluster_comes_from_the_yaml_and_the_flag_overrides_its_uri(tmp_path
     assert (opts.cluster.cluster_uri, opts.cluster.cluster_name, opts.cluster.heartbeat_interval_sec,
             opts.cluster.inactive_timeout_sec) == ("http://b:2", "prod", 2.0, 10.0)
     assert "disagg_cluster" not in opts.ignored
+
+
+def test_the_cluster_uri_may_come_from_the_flag_alone(tmp_path):
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("disagg_cluster:\n  cluster_name: prod\n")
+    base = ["/m", "--server_role", "CONTEXT", "--twin_key_file", "k", "--extra_llm_api_options", str(yaml_file)]
+    assert parse_args(base + ["--disagg_cluster_uri", "http://r:1"]).cluster.cluster_uri == "http://r:1"
+    with pytest.raises(ConfigError, match="no cluster_uri"):
+        parse_args(base)
 
 
 def test_a_cluster_needs_a_role_and_a_role_needs_the_key():
