@@ -18,7 +18,7 @@ REFERENCE_DEFAULTS = {"tokens_per_block": 32, "max_input_len": 2048, "max_output
 TENSORRTLLM_ONLY = ("prefill_max_batch_size", "decode_max_batch_size", "prefill_max_num_tokens",
                     "decode_max_num_tokens", "kv_transfer_timeout_ms", "hf_model", "tokenizer_dir", "trtllm_examples",
                     "gpus_per_node", "gpu_memory_gib", "transport", "container", "http_port", "grpc_port", "metrics_port",
-                    "router_port", "first_worker_port", "recipes", "configs_only")
+                    "router_port", "first_worker_port", "recipes", "configs_only", "modelopt_dir")
 
 
 def register(subparsers) -> None:
@@ -26,8 +26,9 @@ def register(subparsers) -> None:
         "build", help="build prefill and decode engines, the Triton repository and trtllm-serve configs",
         description=f"Plan and build a prefill-tuned and a decode-tuned engine for TensorRT-LLM {PINNED.tensorrt_llm} "
                     f"(Triton {PINNED.triton_container}), with FP8 KV by default, plus engines/<model>/deploy/ "
-                    f"(Triton repository, MPI launch script, trtllm-serve configs). Defaults and their reasons "
-                    f"are in recipes/tensorrtllm/*.yaml.")
+                    f"(Triton repository, MPI launch script, trtllm-serve configs for the engines, and "
+                    f"serve-pytorch/: the same servers on the PyTorch backend, no engine, which --configs-only "
+                    f"writes without a GPU). Defaults and their reasons are in recipes/tensorrtllm/*.yaml.")
     p.add_argument("--model", required=True,
                    help="catalog name (e.g. llama-2-70b) or a Hugging Face checkpoint folder with config.json")
     p.add_argument("--plan", type=Path, default=None, metavar="PLAN.yaml",
@@ -59,6 +60,11 @@ def register(subparsers) -> None:
                         "(e.g. triton-25.12: 1.1.0) is refused with the one to use")
     p.add_argument("--trtllm-examples", default=None,
                    help="TensorRT-LLM examples folder holding quantization/quantize.py (default: the container's)")
+    p.add_argument("--modelopt-dir", default=None, metavar="DIR",
+                   help="checkout of NVIDIA/Model-Optimizer at tag 0.37.0 (the nvidia-modelopt TensorRT-LLM 1.2.1 "
+                        "installs) whose examples/llm_ptq/hf_ptq.py makes deploy/serve-pytorch/'s FP8 checkpoint "
+                        "(serve-pytorch/checkpoint.sh; without this flag it reads $MODELOPT_DIR when run). Only with "
+                        "FP8 weights: the PyTorch backend serves other checkpoints as they are")
     p.add_argument("--gpus-per-node", type=a.positive_int, default=8, help="GPUs per node")
     p.add_argument("--gpu-memory-gib", type=a.positive_float, default=80.0, help="per GPU; used by tp_size: auto")
     p.add_argument("--transport", choices=("ucx", "nixl"), default=None,
@@ -157,7 +163,8 @@ def _run_tensorrtllm(args, fp8, dtype) -> int:
     request = make_request(args.model, load_recipes(args.recipes), overrides, engines_dir=args.engines_dir.resolve(),
                            hf_model=args.hf_model,
                            examples_dir=args.trtllm_examples or container.examples_dir,
-                           gpus_per_node=args.gpus_per_node, gpu_memory_gib=args.gpu_memory_gib)
+                           gpus_per_node=args.gpus_per_node, gpu_memory_gib=args.gpu_memory_gib,
+                           modelopt_dir=args.modelopt_dir)
     prepared = prepare(request, tokenizer_dir=args.tokenizer_dir,
                        triton_ports=TritonPorts(args.http_port, args.grpc_port, args.metrics_port),
                        serve_layout=ServeLayout(router_port=args.router_port, first_worker_port=args.first_worker_port),

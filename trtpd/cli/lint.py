@@ -18,7 +18,9 @@ def register(subparsers) -> None:
     p.add_argument("--decode", type=Path, help="decode engine folder or its manifest.json")
     p.add_argument("--repo", type=Path, help="rendered Triton model repository")
     p.add_argument("--launch", type=Path, help="MPI launch script (launch_triton.sh)")
-    p.add_argument("--serve-dir", type=Path, help="folder with prefill.yaml, decode.yaml, disagg.yaml")
+    p.add_argument("--serve-dir", type=Path,
+                   help="folder with prefill.yaml, decode.yaml, disagg.yaml (and launch.sh): trtllm-serve/ or "
+                        "serve-pytorch/, told apart by launch.sh's --backend; replaces both folders of MODEL_DIR")
     p.add_argument("--max-prompt-tokens", type=a.positive_int, help="longest prompt (default: prefill max_input_len)")
     p.add_argument("--max-output-tokens", type=a.positive_int, help="longest output (default: from the decode engine)")
     p.add_argument("--no-port-check", action="store_true", help="skip checking that ports are free on this host")
@@ -38,7 +40,8 @@ def run(args) -> int:
     paths = discover(args.model_dir) if args.model_dir else DeploymentPaths()
     given = {"prefill_manifest": args.prefill, "decode_manifest": args.decode, "repo": args.repo,
              "launch_script": args.launch, "serve_dir": args.serve_dir}
-    paths = DeploymentPaths(**{k: given[k] or getattr(paths, k) for k in given})
+    paths = DeploymentPaths(**{k: given[k] or getattr(paths, k) for k in given},
+                            serve_pytorch_dir=None if args.serve_dir else paths.serve_pytorch_dir)
     if not any(vars(paths).values()):
         raise ConfigError("nothing to lint: pass engines/<model>, or --prefill and --decode, --repo, --serve-dir")
     findings = lint_deployment(paths, max_prompt_tokens=args.max_prompt_tokens,

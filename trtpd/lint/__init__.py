@@ -5,7 +5,7 @@ Library entry points (each returns a list of typed `Finding`s):
     check_pair(prefill_dir, decode_dir)         the same for two engine folders, errors as messages
     lint_repository(path, launch_script=...)    a rendered Triton model repository
     lint_model_configs({folder: text}, ...)     the same, for configs not yet written
-    lint_serve_configs(prefill, decode, router, max_prompt_tokens=...)
+    lint_serve_configs(prefill, decode, router, max_prompt_tokens=..., backend="tensorrt"|"pytorch")
     lint_ports({name: port}, check_free=...)
     lint_deployment(discover(engines/<model>))  everything trtpd build produced
 """

@@ -9,8 +9,8 @@ Severity = Literal["error", "warning", "info"]     # info: a limit of the stack 
 
 # rule id -> what it checks. Every rule has a firing and a quiet test in tests/unit/lint/.
 RULES: dict[str, str] = {
-    "kv-dtype": "prefill and decode KV dtypes are equal",
-    "tokens-per-block": "prefill and decode tokens_per_block are equal",
+    "kv-dtype": "prefill and decode KV dtypes are equal (engines, or PyTorch servers' kv_cache_config.dtype)",
+    "tokens-per-block": "prefill and decode tokens_per_block are equal (engines, or kv_cache_config)",
     "num-layers": "prefill and decode have the same number of layers",
     "num-kv-heads": "prefill and decode have the same number of KV heads",
     "head-size": "prefill and decode have the same head size",
@@ -20,12 +20,17 @@ RULES: dict[str, str] = {
     "prefill-input-len": "the prefill engine accepts the longest prompt",
     "decode-input-len": "the decode engine accepts the longest prompt and prompt + output",
     "engine-status": "both engines finished building",
-    "transceiver-backend": "trtllm-serve cache_transceiver_config.backend is set (UCX, NIXL, ...)",
+    "transceiver-backend": "trtllm-serve cache_transceiver_config.backend is set, to one of 1.2.1's DEFAULT, UCX, "
+                           "NIXL, MPI",
     "transfer-buffer": "cache_transceiver_config.max_tokens_in_buffer holds the longest prompt",
     "transfer-timeout": "cache_transceiver_config.kv_transfer_timeout_ms is set and finite",
     "transfer-timeout-scope": "kv_transfer_timeout_ms is enforced only by trtllm-serve's PyTorch backend in 1.2.1",
     "context-kv-reuse": "KV reuse is off on the context (prefill) side",
-    "router-instances": "router num_instances equals the number of urls",
+    "router-instances": "router num_instances equals the number of urls (a router with disagg_cluster has none)",
+    "disagg-cluster": "servers and router share one disagg_cluster (name, URI, the router's own address) and "
+                      "heartbeat before their registration expires",
+    "context-overlap-scheduler": "PyTorch-backend context servers set disable_overlap_scheduler: true",
+    "iter-perf-stats": "PyTorch-backend servers set enable_iter_perf_stats: true (/metrics is empty without it)",
     "mpi-world": "MPI world size = context TP*PP + generation TP*PP + 1, ranks 1..N-1 all used",
     "participant-ids": "participant_ids are disjoint between models and sized TP*PP per instance",
     "placeholders": "no ${...} placeholder is left unfilled",

@@ -1,4 +1,4 @@
-"""The trtllm-serve path: per-role LLM API options and the disaggregated router config."""
+"""The trtllm-serve paths (engines, and the PyTorch backend): per-role LLM API options and the router config."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ from pathlib import Path
 import yaml
 
 from trtpd.errors import ConfigError
+from trtpd.lint.disagg_cluster import lint_router_cluster, lint_worker_cluster
 from trtpd.lint.findings import Finding
 
 ROUTER_SECTIONS = ("context_servers", "generation_servers")
+# CacheTransceiverConfig.backend at 1.2.1: Optional[Literal["DEFAULT", "UCX", "NIXL", "MPI"]] (llm_args.py, id
+# 1090804222; lower-case before mid-2025, MOONCAKE after the cut); anything else fails the server's start
+TRANSCEIVER_BACKENDS = ("DEFAULT", "UCX", "NIXL", "MPI")
 
 
 def _section(options: Mapping, key: str) -> Mapping:
@@ -26,6 +30,12 @@ def lint_role_options(role: str, options: Mapping, *, max_prompt_tokens: int, so
         findings.append(Finding("transceiver-backend", "error", f"{source}: cache_transceiver_config.backend",
                                 "unset, so the KV transceiver is disabled and context-only requests fail with "
                                 "'Disaggregated serving is not enabled'", "set backend: UCX (or NIXL)"))
+    elif ctc["backend"] not in TRANSCEIVER_BACKENDS:
+        upper = str(ctc["backend"]).upper()
+        findings.append(Finding("transceiver-backend", "error", f"{source}: cache_transceiver_config.backend",
+                                f"{ctc['backend']!r} is not one of TensorRT-LLM 1.2.1's "
+                                f"{', '.join(TRANSCEIVER_BACKENDS)} (upper case): the server refuses the YAML at start",
+                                f"set backend: {upper if upper in TRANSCEIVER_BACKENDS else 'UCX'}"))
     buffer = ctc.get("max_tokens_in_buffer")
     if buffer is None:
         findings.append(Finding("transfer-buffer", "warning", f"{source}: cache_transceiver_config.max_tokens_in_buffer",
@@ -50,6 +60,48 @@ def lint_role_options(role: str, options: Mapping, *, max_prompt_tokens: int, so
                                 "KV reuse is on (the default) on the context side; a block can be evicted before it "
                                 "is sent and the decode side waits forever (NVIDIA/TensorRT-LLM#12542)",
                                 "set kv_cache_config.enable_block_reuse: false"))
+    return findings
+
+
+def lint_pytorch_role_options(role: str, options: Mapping, *, source: str) -> list[Finding]:
+    """Keys only a PyTorch-backend server reads (TorchLlmArgs)."""
+    findings = []
+    if role == "prefill" and options.get("disable_overlap_scheduler") is not True:
+        findings.append(Finding(
+            "context-overlap-scheduler", "error", f"{source}: disable_overlap_scheduler",
+            f"{'unset (false)' if 'disable_overlap_scheduler' not in options else options['disable_overlap_scheduler']}"
+            f" on a context server: the overlap scheduler 'is not yet supported in disaggregated context server "
+            f"architectures' (NVIDIA/TensorRT-LLM examples/disaggregated/README.md)",
+            "set disable_overlap_scheduler: true in the context servers' YAML"))
+    if options.get("enable_iter_perf_stats") is not True:
+        findings.append(Finding(
+            "iter-perf-stats", "warning", f"{source}: enable_iter_perf_stats",
+            "not true, so the server's /metrics answers [] and trtpd's gateway sees no queue or KV usage from it",
+            "set enable_iter_perf_stats: true"))
+    return findings
+
+
+def lint_role_pair(prefill: Mapping, decode: Mapping, *, sources: Mapping[str, str]) -> list[Finding]:
+    """What CacheFormatter::inquireSupport compares between the two sides, where the YAML sets it (the PyTorch
+    backend; an engine's come from the engine and are linted by engine_pair.py): KV dtype and tokens_per_block."""
+    findings = []
+    p, d = _section(prefill, "kv_cache_config"), _section(decode, "kv_cache_config")
+    subject = f"{sources['prefill']} vs {sources['decode']}: kv_cache_config"
+    dtypes = (p.get("dtype", "auto"), d.get("dtype", "auto"))
+    if dtypes[0] != dtypes[1]:
+        depends = "auto" in dtypes
+        findings.append(Finding(
+            "kv-dtype", "warning" if depends else "error", f"{subject}.dtype",
+            f"prefill {dtypes[0]}, decode {dtypes[1]}" + (
+                ": 'auto' takes the checkpoint's kv_cache_quant_algo, so the two agree only if the checkpoint says "
+                f"{dtypes[0] if dtypes[1] == 'auto' else dtypes[1]}" if depends else
+                ": the transceiver refuses the transfer (CacheFormatter::inquireSupport compares the data types)"),
+            "give both roles the same kv_cache_config.dtype"))
+    blocks = (p.get("tokens_per_block", 32), d.get("tokens_per_block", 32))
+    if blocks[0] != blocks[1]:
+        findings.append(Finding("tokens-per-block", "error", f"{subject}.tokens_per_block",
+                                f"prefill {blocks[0]}, decode {blocks[1]}: the transceiver refuses the transfer",
+                                "give both roles the same tokens_per_block"))
     return findings
 
 
@@ -109,7 +161,10 @@ def timeout_scope_note(source: str) -> Finding:
 
 
 def lint_router(router: Mapping, *, source: str) -> list[Finding]:
+    """Static urls; a router with disagg_cluster ignores them (disagg_cluster.lint_router_cluster checks it)."""
     findings = []
+    if "disagg_cluster" in router:
+        return lint_router_cluster(router, source=source)
     for section in ROUTER_SECTIONS:
         servers = _section(router, section)
         urls = servers.get("urls") or []
@@ -132,18 +187,34 @@ def router_ports(router: Mapping) -> dict[str, int]:
 
 def lint_serve_configs(prefill_options: Mapping, decode_options: Mapping, router: Mapping | None, *,
                        max_prompt_tokens: int, sources: Mapping[str, str] | None = None,
-                       decode_max_num_tokens: int | None = None) -> list[Finding]:
+                       decode_max_num_tokens: int | None = None, backend: str = "tensorrt") -> list[Finding]:
+    """`backend`: the servers' --backend (serve_backend of their launch script); "pytorch" adds its keys' rules."""
     names = {"prefill": "prefill.yaml", "decode": "decode.yaml", "router": "disagg.yaml", **(sources or {})}
-    findings = lint_role_options("prefill", prefill_options, max_prompt_tokens=max_prompt_tokens,
-                                 source=names["prefill"])
-    findings += lint_role_options("decode", decode_options, max_prompt_tokens=max_prompt_tokens,
-                                  source=names["decode"])
+    roles = {"prefill": prefill_options, "decode": decode_options}
+    findings = []
+    for role, options in roles.items():
+        findings += lint_role_options(role, options, max_prompt_tokens=max_prompt_tokens, source=names[role])
+        if backend == "pytorch":
+            findings += lint_pytorch_role_options(role, options, source=names[role])
+    findings += lint_role_pair(prefill_options, decode_options, sources=names)
     if decode_max_num_tokens is not None:
         findings += lint_decode_num_tokens(decode_options, max_num_tokens=decode_max_num_tokens,
                                            max_prompt_tokens=max_prompt_tokens, source=names["decode"])
     if router is not None:
         findings += lint_router(router, source=names["router"])
+        for role, options in roles.items():
+            findings += lint_worker_cluster(options, router, source=names[role])
     return findings
+
+
+def serve_backend(launch_script: str) -> str | None:
+    """The --backend of a launch script's trtllm-serve servers ("tensorrt" if any runs engines, else "pytorch",
+    trtllm-serve's default), or None when it starts none."""
+    workers = re.findall(r"trtllm-serve\s+(?!disaggregated\b)\S+(.*)", launch_script)
+    if not workers:
+        return None
+    backends = {(re.search(r"--backend[\s=]+(\w+)", rest) or [None, "pytorch"])[1] for rest in workers}
+    return "tensorrt" if backends & {"tensorrt", "trt"} else "pytorch"
 
 
 def load_yaml(path: Path) -> dict:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import yaml
 
-from trtpd.trtllm.deploy import REPO_DIR, SERVE_DIR, TRITON_LAUNCH, DeployPlan
+from trtpd.trtllm.deploy import REPO_DIR, SERVE_DIR, SERVE_PYTORCH_DIR, TRITON_LAUNCH, DeployPlan
 from trtpd.trtllm.plan import BuildPlan
-from trtpd.lint.deployment import triton_ports
+from trtpd.lint.deployment import server_ports, triton_ports
+from trtpd.lint.disagg_cluster import lint_launch_cluster
 from trtpd.lint.engine_pair import lint_engine_pair
 from trtpd.lint.findings import Finding
 from trtpd.lint.ports import lint_ports
@@ -47,4 +48,18 @@ def lint_plan(plan: BuildPlan, deploy: DeployPlan, configs: dict[str, str]) -> l
                                    decode_max_num_tokens=r.decode.max_num_tokens)
     findings += lint_serve_launch(deploy.files[f"{SERVE_DIR}/launch.sh"], source=f"{SERVE_DIR}/launch.sh")
     findings += lint_ports(router_ports(serve["disagg"]), check_free=False)
-    return findings
+    return findings + lint_pytorch_serve(plan, deploy)
+
+
+def lint_pytorch_serve(plan: BuildPlan, deploy: DeployPlan) -> list[Finding]:
+    """serve-pytorch/ as planned: the PyTorch backend's rules, the disagg_cluster agreement, ports."""
+    d, r = SERVE_PYTORCH_DIR, plan.request
+    serve = {name: yaml.safe_load(deploy.files[f"{d}/{name}.yaml"]) for name in ("prefill", "decode", "disagg")}
+    launch = deploy.files[f"{d}/launch.sh"]
+    findings = lint_serve_configs(serve["prefill"], serve["decode"], serve["disagg"], max_prompt_tokens=r.max_input_len,
+                                  decode_max_num_tokens=r.decode.max_num_tokens, backend="pytorch",
+                                  sources={"prefill": f"{d}/prefill.yaml", "decode": f"{d}/decode.yaml",
+                                           "router": f"{d}/disagg.yaml"})
+    findings += lint_serve_launch(launch, source=f"{d}/launch.sh")
+    findings += lint_launch_cluster(launch, serve["disagg"], source=f"{d}/launch.sh")
+    return findings + lint_ports(router_ports(serve["disagg"]) | server_ports(launch), check_free=False)

@@ -103,8 +103,7 @@ def serve_compose(plan: BuildPlan, layout: ContainerLayout, deploy_dir: Path, se
               "working_dir": serve_dir, "environment": dict(UCX_ENV)}
     services = {}
     for w in workers:
-        argv = ["trtllm-serve", w.engine_dir] + [t for f, v in w.args for t in ((f,) if v is None else (f, v))]
-        services[f"{w.role}-{w.index}"] = {**common, "command": argv,
+        services[f"{w.role}-{w.index}"] = {**common, "command": w.argv,
                                            "deploy": _devices([int(g) for g in w.cuda_visible_devices.split(",")])}
     services["router"] = {**common, "command": ["trtllm-serve", "disaggregated", "-c", "disagg.yaml", "-t", "900",
                                                 "-r", "180"],

@@ -4,7 +4,10 @@
   model_repository/   ensemble, preprocessing, postprocessing, disagg_bls (shared templates) and
                       prefill, decode (tensorrtllm backend)
   launch_triton.sh    one MPI world (orchestrator + context + generation ranks)
-  trtllm-serve/       prefill.yaml, decode.yaml, disagg.yaml, launch.sh (UCX/NIXL path)
+  trtllm-serve/       prefill.yaml, decode.yaml, disagg.yaml, launch.sh (the engines behind trtllm-serve, UCX/NIXL)
+  serve-pytorch/      the same servers on TensorRT-LLM's PyTorch backend, no engine: checkpoint.sh (FP8: ModelOpt's
+                      hf_ptq.py), prefill.yaml, decode.yaml, disagg.yaml (disagg_cluster), launch.sh; always written,
+                      why: serve_pytorch.py
   containers/         docker run lines and compose files for both paths (build/container_launch.py)
   tokenizer/          the tokenizer files every server reads (tokenizer_files.py): copied from
                       --tokenizer-dir, the model folder or the local Hugging Face cache; never a hub id
@@ -28,6 +31,7 @@ from trtpd.trtllm.launch import PYTHON_DIR, TritonPorts, render_triton_launch
 from trtpd.trtllm.mpi_world import RankLayout, plan_mpi_world
 from trtpd.trtllm.plan import BuildPlan
 from trtpd.trtllm.serve_config import ServeLayout, render_serve_files, worker_commands
+from trtpd.trtllm.serve_pytorch import render_pytorch_serve_files
 from trtpd.trtllm.tokenizer_files import TOKENIZER_DIR, copy_tokenizer, served_tokenizer_dir, tokenizer_source
 from trtpd.errors import ConfigError
 from trtpd.staging import staged_folder
@@ -37,6 +41,7 @@ SHARED_TEMPLATES = ("ensemble", "preprocessing", "postprocessing", "disagg_bls")
 REPO_DIR = "model_repository"
 TRITON_LAUNCH = "launch_triton.sh"
 SERVE_DIR = "trtllm-serve"
+SERVE_PYTORCH_DIR = "serve-pytorch"
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ def plan_deploy(plan: BuildPlan, *, tokenizer_dir: str | None = None, triton_por
     models = plan_gpu_repository(plan, world, str(served), templates)
     files = {TRITON_LAUNCH: render_triton_launch(plan, world, deploy_dir / REPO_DIR, triton_ports)}
     files.update(render_serve_files(plan, world, serve_layout, SERVE_DIR))
+    files.update(render_pytorch_serve_files(plan, world, serve_layout, SERVE_PYTORCH_DIR))
     files.update(render_container_files(plan, world, container, deploy_dir, triton_ports, serve_layout,
                                         worker_commands(plan, world, serve_layout, ".")))
     return DeployPlan(deploy_dir, world, models, files, container, tokenizer_dir or r.model_source)

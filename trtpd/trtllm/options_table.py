@@ -2,7 +2,10 @@
 
 Every command, config.pbtxt parameter and YAML key that trtpd writes is checked against this table
 (`trtpd.trtllm.options`). Sources are sections of ../shared/reference/trtllm-1.2.md followed by the
-upstream file that section cites. A flag that is not here, or is here as deprecated, cannot be emitted.
+upstream file that section cites, or, for what that file does not cover (the PyTorch backend's keys, ModelOpt's
+hf_ptq.py), the upstream file itself as read: `NVIDIA/<repo> <path>@<commit>`, or `(id N)` for a stored version
+whose commit the index does not reveal (docs/gpu-build.md, "PyTorch backend"). A flag that is not here, or is
+here as deprecated, cannot be emitted.
 Types: int, float, bool ("true"/"false"), switch ("enable"/"disable"), flag (no value), enum, str, path,
 memsize (a number and b/kb/mb/gb/tb, as TensorRT-LLM's parseMemorySize reads it).
 """
@@ -50,6 +53,33 @@ _SERVE = "trtllm-1.2.md §2.3; TensorRT-LLM tensorrt_llm/commands/serve.py@4c05a
 _LLMARGS = "trtllm-1.2.md §1.3; TensorRT-LLM tensorrt_llm/llmapi/llm_args.py (id 1090804222)"
 _CTC = "trtllm-1.2.md §2.1; TensorRT-LLM tensorrt_llm/llmapi/llm_args.py CacheTransceiverConfig (id 1090804222)"
 _DISAGG = "trtllm-1.2.md §2.3; TensorRT-LLM tensorrt_llm/llmapi/disagg_utils.py@0228a71"
+# The PyTorch backend (trtllm-serve --backend pytorch; trtllm/serve_pytorch.py). llm_args.py id 1090804222 is the
+# ~Nov 2025 main version, before the release/1.2 cut (the facts behind docs/serve-twin.md bracket 1.2.1 by it).
+_TORCH = ("trtllm-1.2.md §1.3; NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py TorchLlmArgs, KvCacheConfig "
+          "(id 1090804222)")
+_TORCH_SIZES = ("trtllm-1.2.md §1.3; NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py BaseLlmArgs and "
+                "update_llm_args_with_extra_dict: YAML max_batch_size/max_num_tokens are copied into the build_config "
+                "trtllm-serve makes from its flags (id 1090804222); commands/serve.py get_llm_args (id 901178132)")
+_TORCH_KV_DTYPE = ("trtllm-1.2.md §1.3; NVIDIA/TensorRT-LLM tensorrt_llm/_torch/pyexecutor/model_loader.py "
+                   "validate_and_set_kv_cache_quant: fp8, nvfp4 or auto (the checkpoint's), a value other than the "
+                   "checkpoint's kv_cache_quant_algo raises (id 3418473958)")
+_OVERLAP = ("NVIDIA/TensorRT-LLM examples/disaggregated/README.md@c3c3d76 (context servers: the overlap scheduler "
+            "'is not yet supported in disaggregated context server architectures'); llm_args.py "
+            "TorchLlmArgs.disable_overlap_scheduler (id 1090804222)")
+_ITER_STATS = ("NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py TorchLlmArgs.enable_iter_perf_stats "
+               "(id 1090804222); serve/openai_server.py get_iteration_stats serves them at /metrics (id 456200087)")
+_CLUSTER = ("trtllm-1.2.md §2.3; NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/disagg_utils.py DisaggClusterConfig, "
+            "MinimalInstances, extract_disagg_cluster_config (id 103242683)")
+_WORKER_CLUSTER = (_CLUSTER + "; commands/serve.py pops a top-level disagg_cluster from the worker's YAML before the "
+                   "rest become LLM args (id 901178132)")
+_SERVE_ROLE = ("trtllm-1.2.md §2.3; NVIDIA/TensorRT-LLM tensorrt_llm/commands/serve.py --server_role "
+               "(ServerRole[value.upper()]), --disagg_cluster_uri (id 901178132)")
+_HF_PTQ = ("NVIDIA/TensorRT-Model-Optimizer examples/llm_ptq/hf_ptq.py@df0882a (tag 0.37.0; README.md 'Quantize "
+           "and Export': a unified Hugging Face checkpoint TensorRT-LLM's PyTorch backend loads); TensorRT-LLM 1.2.x "
+           "requires nvidia-modelopt[torch]~=0.37.0")
+_HF_DOWNLOAD = ("huggingface/huggingface_hub src/huggingface_hub/commands/download.py (id 491274864; `hf download "
+                "REPO --local-dir DIR`, the same flag in the later cli/download.py, id 20878559034); the `hf` CLI of "
+                "huggingface_hub 0.34+, which TensorRT-LLM 1.2.1's transformers 4.57 requires")
 _GUIDED = ("trtllm-1.2.md §6; TensorRT-LLM triton_backend/inflight_batcher_llm/src/model_instance_state.cc@0c8de69 "
            "ModelInstanceState::getGuidedDecodingConfigFromParams (read with no try/catch)")
 _UCX = ("trtllm-1.2.md §5-6; TensorRT-LLM docs/source/advanced/disaggregated-service.md@295c31f (UCX_MEMTYPE_CACHE=n, "
@@ -183,6 +213,8 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("trtllm-serve", "--kv_cache_free_gpu_memory_fraction", "float", None, "0.9", _SERVE, min_value=0),
     TrtllmOption("trtllm-serve", "--extra_llm_api_options", "path", None, None, _SERVE),
     TrtllmOption("trtllm-serve", "--log_level", "str", None, "info", _SERVE),
+    TrtllmOption("trtllm-serve", "--server_role", "enum", ("CONTEXT", "GENERATION", "MM_ENCODER"), None, _SERVE_ROLE),
+    TrtllmOption("trtllm-serve", "--disagg_cluster_uri", "str", None, None, _SERVE_ROLE),
     TrtllmOption("trtllm-serve disaggregated", "-c", "path", None, None, _SERVE),
     TrtllmOption("trtllm-serve disaggregated", "-t", "int", None, "180", _SERVE, min_value=1),
     TrtllmOption("trtllm-serve disaggregated", "-r", "int", None, "180", _SERVE, min_value=1),
@@ -215,6 +247,54 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("disagg-config", "context_servers.urls", "list", None, None, _DISAGG),
     TrtllmOption("disagg-config", "generation_servers.num_instances", "int", None, "1", _DISAGG, min_value=1),
     TrtllmOption("disagg-config", "generation_servers.urls", "list", None, None, _DISAGG),
+    # disagg_cluster instead of urls: workers register with the router (an http:// cluster_uri is the router itself)
+    TrtllmOption("disagg-config", "disagg_cluster.cluster_uri", "str", None, None, _CLUSTER),
+    TrtllmOption("disagg-config", "disagg_cluster.cluster_name", "str", None, "", _CLUSTER, empty_ok=True),
+    TrtllmOption("disagg-config", "disagg_cluster.minimal_instances.context_servers", "int", None, "1", _CLUSTER,
+                 min_value=1),
+    TrtllmOption("disagg-config", "disagg_cluster.minimal_instances.generation_servers", "int", None, "1", _CLUSTER,
+                 min_value=1),
+    TrtllmOption("disagg-config", "disagg_cluster.heartbeat_interval_sec", "int", None, "5", _CLUSTER, min_value=1),
+    TrtllmOption("disagg-config", "disagg_cluster.inactive_timeout_sec", "int", None, "10", _CLUSTER, min_value=1),
+    # --extra_llm_api_options YAML of a PyTorch-backend server (TorchLlmArgs: StrictBaseModel, unknown keys refused;
+    # extended_runtime_perf_knob_config is TrtLlmArgs-only, so it is not here)
+    TrtllmOption("torch-llm-api-options", "max_batch_size", "int", None, "2048", _TORCH_SIZES, min_value=1),
+    TrtllmOption("torch-llm-api-options", "max_num_tokens", "int", None, "8192", _TORCH_SIZES, min_value=1),
+    TrtllmOption("torch-llm-api-options", "enable_chunked_prefill", "bool", ("true", "false"), "false", _TORCH),
+    TrtllmOption("torch-llm-api-options", "disable_overlap_scheduler", "bool", ("true", "false"), "false", _OVERLAP),
+    TrtllmOption("torch-llm-api-options", "enable_iter_perf_stats", "bool", ("true", "false"), "false", _ITER_STATS),
+    TrtllmOption("torch-llm-api-options", "kv_cache_config.enable_block_reuse", "bool", ("true", "false"), "true",
+                 _TORCH),
+    TrtllmOption("torch-llm-api-options", "kv_cache_config.free_gpu_memory_fraction", "float", None, "0.9", _TORCH,
+                 min_value=0, max_value=1),
+    TrtllmOption("torch-llm-api-options", "kv_cache_config.tokens_per_block", "int", None, "32", _TORCH, min_value=1),
+    TrtllmOption("torch-llm-api-options", "kv_cache_config.dtype", "enum", ("auto", "fp8", "nvfp4"), "auto",
+                 _TORCH_KV_DTYPE),
+    TrtllmOption("torch-llm-api-options", "kv_cache_config.max_tokens", "int", None, None, _TORCH, min_value=1),
+    TrtllmOption("torch-llm-api-options", "cache_transceiver_config.backend", "enum", ("DEFAULT", "UCX", "NIXL", "MPI"),
+                 None, _CTC),
+    TrtllmOption("torch-llm-api-options", "cache_transceiver_config.max_tokens_in_buffer", "int", None, None, _CTC,
+                 min_value=1),
+    TrtllmOption("torch-llm-api-options", "cache_transceiver_config.kv_transfer_timeout_ms", "int", None, None, _CTC,
+                 min_value=1),
+    TrtllmOption("torch-llm-api-options", "disagg_cluster.cluster_uri", "str", None, None, _WORKER_CLUSTER),
+    TrtllmOption("torch-llm-api-options", "disagg_cluster.cluster_name", "str", None, "", _WORKER_CLUSTER,
+                 empty_ok=True),
+    TrtllmOption("torch-llm-api-options", "disagg_cluster.heartbeat_interval_sec", "int", None, "5", _WORKER_CLUSTER,
+                 min_value=1),
+    TrtllmOption("torch-llm-api-options", "disagg_cluster.inactive_timeout_sec", "int", None, "10", _WORKER_CLUSTER,
+                 min_value=1),
+    # ModelOpt's PTQ for the PyTorch backend: one calibration, a unified Hugging Face checkpoint (hf_quant_config.json)
+    TrtllmOption("hf_ptq.py", "--pyt_ckpt_path", "path", None, None, _HF_PTQ),
+    TrtllmOption("hf_ptq.py", "--qformat", "enum", ("fp8", "int8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4",
+                                                    "nvfp4_awq", "fp8_pb_wo", "fp8_pc_pt", "w4a8_nvfp4_fp8",
+                                                    "w4a8_mxfp4_fp8", "nvfp4_mlp_only"), "fp8", _HF_PTQ),
+    TrtllmOption("hf_ptq.py", "--kv_cache_qformat", "enum", ("none", "fp8", "nvfp4", "nvfp4_affine"), "fp8", _HF_PTQ),
+    TrtllmOption("hf_ptq.py", "--calib_size", "int", None, "512", _HF_PTQ, min_value=1),
+    TrtllmOption("hf_ptq.py", "--dataset", "str", None, None, _HF_PTQ),
+    TrtllmOption("hf_ptq.py", "--export_path", "path", None, "exported_model", _HF_PTQ),
+    # a hub model for the PyTorch servers, fetched once (tokenizer_files.py: the servers download nothing)
+    TrtllmOption("hf download", "--local-dir", "path", None, None, _HF_DOWNLOAD),
 )
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from trtpd.trtllm.containers import CONTAINERS, DEFAULT_CONTAINER
-from trtpd.trtllm.deploy import REPO_DIR, TRITON_LAUNCH, DeployPlan
+from trtpd.trtllm.deploy import REPO_DIR, SERVE_PYTORCH_DIR, TRITON_LAUNCH, DeployPlan
 from trtpd.trtllm.launch import PYTHON_DIR
 from trtpd.trtllm.transfer_buffer import transfer_buffer_env, transfer_buffer_tokens
 from trtpd.schema.manifest import MANIFEST_NAME
 from trtpd.trtllm.plan import BuildPlan
+from trtpd.trtllm.serve_pytorch import plan_checkpoint
 from trtpd.trtllm.versions import PINNED
 from trtpd.lint.findings import Finding, summary
 
@@ -25,6 +26,15 @@ def _kv_pool(s) -> str:
     if s.cuda_graph_mode:
         text += f", {s.cuda_graph_cache_size} CUDA graphs cached"
     return text
+
+
+def _pytorch_target(plan: BuildPlan) -> str:
+    c = plan_checkpoint(plan.request)
+    how = {"hf_ptq.py": "ModelOpt hf_ptq.py, one FP8 calibration for both roles, KV dtype fp8",
+           "hf download": "fetched once, so the servers download nothing"}
+    loads = f"{c.model} ({SERVE_PYTORCH_DIR}/checkpoint.sh: {how[c.tool]})" if c.needs_step else f"{c.model} as it is"
+    return (f"  trtllm-serve --backend pytorch ({SERVE_PYTORCH_DIR}/, no engine): loads {loads}; the servers register "
+            f"with the router's disagg_cluster")
 
 
 def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) -> str:
@@ -45,6 +55,7 @@ def format_plan(plan: BuildPlan, deploy: DeployPlan, findings: list[Finding]) ->
     lines.append(f"  trtllm-serve KV transfer: {r.transceiver_backend}, max_tokens_in_buffer "
                  f"{transfer_buffer_tokens(r.max_input_len, r.tokens_per_block)}, "
                  f"kv_transfer_timeout_ms {r.kv_transfer_timeout_ms}")
+    lines.append(_pytorch_target(plan))
     if r.fp8:
         checkpoints = sorted({role.checkpoint_step.output_dir.name for role in plan.roles})
         lines.append(f"  FP8 KV scales: " + ("one calibration, one checkpoint for both roles" if len(checkpoints) == 1

@@ -51,11 +51,31 @@ class WorkerCommand:
     port: int
     cuda_visible_devices: str
     args: list[tuple[str, str | None]]
-    engine_dir: str
+    model: str                      # what trtllm-serve loads: an engine folder, or a Hugging Face checkpoint
+
+    @property
+    def argv(self) -> list[str]:
+        return ["trtllm-serve", self.model] + [t for f, v in self.args for t in ((f,) if v is None else (f, v))]
 
     def shell(self, log_name: str) -> str:
-        argv = ["trtllm-serve", self.engine_dir] + [t for f, v in self.args for t in ((f,) if v is None else (f, v))]
-        return f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} {shlex.join(argv)} > {log_name} 2>&1 &"
+        return f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices} {shlex.join(self.argv)} > {log_name} 2>&1 &"
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    role: RolePlan
+    index: int                      # the instance within its role
+    port: int
+    cuda_visible_devices: str
+
+
+def worker_slots(plan: BuildPlan, world: RankLayout, layout: ServeLayout) -> list[WorkerSlot]:
+    """Every server of both paths: prefill instances first, each on its own port and its planned GPUs."""
+    slots = []
+    for role in plan.roles:
+        for inst in world.instances(role.spec.role):
+            slots.append(WorkerSlot(role, inst.index, layout.worker_port(len(slots)), ",".join(map(str, inst.gpu_ids))))
+    return slots
 
 
 def role_llm_options(plan: BuildPlan, role: RolePlan) -> dict:
@@ -79,24 +99,25 @@ def role_llm_options(plan: BuildPlan, role: RolePlan) -> dict:
     return options
 
 
+def server_args(plan: BuildPlan, slot: WorkerSlot, layout: ServeLayout, backend: str) -> list[tuple[str, str | None]]:
+    """The flags both backends' servers take: tokenizer, address, sizes, parallelism, KV pool fraction."""
+    s = slot.role.spec
+    return [("--backend", backend), ("--tokenizer", str(served_tokenizer_dir(plan.request.model_dir))),
+            ("--host", layout.host), ("--port", str(slot.port)), ("--max_batch_size", str(s.max_batch_size)),
+            ("--max_num_tokens", str(s.max_num_tokens)), ("--max_seq_len", str(s.max_seq_len)),
+            ("--max_beam_width", str(s.max_beam_width)), ("--tp_size", str(s.tp_size)), ("--pp_size", str(s.pp_size)),
+            ("--kv_cache_free_gpu_memory_fraction", f"{s.kv_cache_free_gpu_mem_fraction:g}")]
+
+
 def worker_commands(plan: BuildPlan, world: RankLayout, layout: ServeLayout, options_dir: str) -> list[WorkerCommand]:
-    r, commands, index = plan.request, [], 0
-    for role in plan.roles:
-        s = role.spec
-        for inst in world.instances(s.role):
-            port = layout.worker_port(index)
-            args = [("--backend", "tensorrt"), ("--tokenizer", str(served_tokenizer_dir(r.model_dir))),
-                    ("--host", layout.host),
-                    ("--port", str(port)), ("--max_batch_size", str(s.max_batch_size)),
-                    ("--max_num_tokens", str(s.max_num_tokens)), ("--max_seq_len", str(s.max_seq_len)),
-                    ("--max_beam_width", str(s.max_beam_width)), ("--tp_size", str(s.tp_size)),
-                    ("--pp_size", str(s.pp_size)),
-                    ("--kv_cache_free_gpu_memory_fraction", f"{s.kv_cache_free_gpu_mem_fraction:g}"),
-                    ("--extra_llm_api_options", f"{options_dir}/{s.role}.yaml")]
-            require_valid(check_args("trtllm-serve", args), f"trtllm-serve command for {s.role} {inst.index}")
-            commands.append(WorkerCommand(s.role, inst.index, port, ",".join(map(str, inst.gpu_ids)), args,
-                                          str(role.engine_dir)))
-            index += 1
+    commands = []
+    for slot in worker_slots(plan, world, layout):
+        s = slot.role.spec
+        args = server_args(plan, slot, layout, "tensorrt") + [
+            ("--extra_llm_api_options", f"{options_dir}/{s.role}.yaml")]
+        require_valid(check_args("trtllm-serve", args), f"trtllm-serve command for {s.role} {slot.index}")
+        commands.append(WorkerCommand(s.role, slot.index, slot.port, slot.cuda_visible_devices, args,
+                                      str(slot.role.engine_dir)))
     return commands
 
 
@@ -109,7 +130,8 @@ def router_config(workers: list[WorkerCommand], layout: ServeLayout) -> dict:
     return config
 
 
-def _yaml(header: list[str], data: dict) -> str:
+def yaml_text(header: list[str], data: dict) -> str:
+    """`data` as YAML (keys in the order given) under `# ` comment lines."""
     lines = [f"# {h}" if h else "#" for h in header]
     return "\n".join(lines) + "\n" + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
@@ -121,7 +143,7 @@ def render_serve_files(plan: BuildPlan, world: RankLayout, layout: ServeLayout, 
     files = {}
     for role in plan.roles:
         s = role.spec
-        files[f"{folder}/{s.role}.yaml"] = _yaml([
+        files[f"{folder}/{s.role}.yaml"] = yaml_text([
             f"extra_llm_api_options for the {s.role} servers of {r.model.name}. {stamp}",
             f"KV reuse is {'on' if s.enable_kv_cache_reuse else 'off'}"
             + (" (must be off on the context side: NVIDIA/TensorRT-LLM#12542)." if s.role == "prefill" else "."),
@@ -132,21 +154,30 @@ def render_serve_files(plan: BuildPlan, world: RankLayout, layout: ServeLayout, 
             "from the engine, not from here.",
         ], role_llm_options(plan, role))
     workers = worker_commands(plan, world, layout, ".")
-    files[f"{folder}/disagg.yaml"] = _yaml([
+    files[f"{folder}/disagg.yaml"] = yaml_text([
         f"trtllm-serve disaggregated router for {r.model.name}. {stamp}",
         "num_instances must equal the number of urls in each section.",
     ], router_config(workers, layout))
     lines = ["#!/usr/bin/env bash", f"# trtllm-serve disaggregated deployment of {r.model.name}. {stamp}",
              f"# KV transfer: {r.transceiver_backend} (cache_transceiver_config in prefill.yaml/decode.yaml).",
              "set -euo pipefail", 'cd "$(dirname "$0")"', *guard_lines("launch.sh", "../" + TOKENIZER_DIR),
-             "# UCX for the KV transceiver (sources in trtpd/trtllm/serve_config.py UCX_ENV); on a multi-node NVLink",
-             "# domain (GB200 NVL72) set UCX_CUDA_IPC_ENABLE_MNNVL=y instead."]
-    require_valid(check_keys("env", UCX_ENV), "trtllm-serve launch environment")
-    lines += [f"export {k}=${{{k}:-{v}}}" for k, v in UCX_ENV.items()]
+             *ucx_lines()]
     for w in workers:
         lines.append(w.shell(f"{w.role}-{w.index}.log"))
-    router = [("-c", "disagg.yaml"), ("-t", str(SERVER_START_TIMEOUT_S)), ("-r", "180")]
-    require_valid(check_args("trtllm-serve disaggregated", router), "trtllm-serve disaggregated command")
-    lines.append("exec trtllm-serve disaggregated " + " ".join(f"{f} {v}" for f, v in router))
+    lines.append(router_command_line())
     files[f"{folder}/launch.sh"] = "\n".join(lines) + "\n"
     return files
+
+
+def ucx_lines() -> list[str]:
+    """The launch script's UCX exports, each overridable from the environment."""
+    require_valid(check_keys("env", UCX_ENV), "trtllm-serve launch environment")
+    return ["# UCX for the KV transceiver (sources in trtpd/trtllm/serve_config.py UCX_ENV); on a multi-node NVLink",
+            "# domain (GB200 NVL72) set UCX_CUDA_IPC_ENABLE_MNNVL=y instead."] + \
+        [f"export {k}=${{{k}:-{v}}}" for k, v in UCX_ENV.items()]
+
+
+def router_command_line() -> str:
+    router = [("-c", "disagg.yaml"), ("-t", str(SERVER_START_TIMEOUT_S)), ("-r", "180")]
+    require_valid(check_args("trtllm-serve disaggregated", router), "trtllm-serve disaggregated command")
+    return "exec trtllm-serve disaggregated " + " ".join(f"{f} {v}" for f, v in router)

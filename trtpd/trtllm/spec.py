@@ -112,6 +112,7 @@ class BuildRequest:
     examples_dir: str
     gpus_per_node: int
     warnings: tuple[str, ...] = field(default=())
+    modelopt_dir: str | None = None     # Model-Optimizer checkout for serve-pytorch/checkpoint.sh (None: $MODELOPT_DIR)
 
     @property
     def kv_dtype(self) -> KvDtype:
@@ -176,7 +177,7 @@ def _role_spec(role: str, recipe: RoleRecipe, o: BuildOverrides, spec: ModelSpec
 def make_request(model: str, recipes: Recipes, overrides: BuildOverrides | None = None, *,
                  engines_dir: Path = Path("engines"), hf_model: str | None = None,
                  examples_dir: str = "/app/examples", gpus_per_node: int = 8,
-                 gpu_memory_gib: float = 80.0) -> BuildRequest:
+                 gpu_memory_gib: float = 80.0, modelopt_dir: str | None = None) -> BuildRequest:
     """Resolves `model` (catalog name or HF folder) and validates every size; raises ConfigError."""
     o = overrides or BuildOverrides()
     for f in fields(o):
@@ -199,7 +200,7 @@ def make_request(model: str, recipes: Recipes, overrides: BuildOverrides | None 
         transceiver_backend=_pick(o.transceiver_backend, c.transceiver_backend).upper(),
         kv_transfer_timeout_ms=_pick(o.kv_transfer_timeout_ms, c.kv_transfer_timeout_ms), decoupled=c.decoupled,
         prefill=roles["prefill"], decode=roles["decode"], engines_dir=Path(engines_dir),
-        examples_dir=examples_dir, gpus_per_node=gpus_per_node)
+        examples_dir=examples_dir, gpus_per_node=gpus_per_node, modelopt_dir=modelopt_dir)
     return replace(request, warnings=tuple(validate(request)))
 
 
@@ -210,6 +211,10 @@ def validate(r: BuildRequest) -> list[str]:
         raise ConfigError(f"--dtype {r.weights_dtype}: use float16 or bfloat16")
     if r.transceiver_backend not in ("UCX", "NIXL"):
         raise ConfigError(f"--transport {r.transceiver_backend.lower()}: use ucx or nixl")
+    if r.modelopt_dir is not None and not r.fp8:
+        raise ConfigError(f"--modelopt-dir {r.modelopt_dir}: only FP8 weights need ModelOpt's hf_ptq.py (without "
+                          f"FP8 serve-pytorch/ serves the Hugging Face checkpoint as it is); drop --modelopt-dir or "
+                          f"pass --fp8")
     if r.tokens_per_block & (r.tokens_per_block - 1):
         raise ConfigError(f"--tokens-per-block {r.tokens_per_block} is not a power of two; "
                           f"TensorRT-LLM requires one (32 is its default)")

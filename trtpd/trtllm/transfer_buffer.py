@@ -4,7 +4,7 @@ TensorRT-LLM's C++ CacheTransceiver builds one CacheTransBufferManager for every
 (cpp/tensorrt_llm/batch_manager/cacheTransceiver.cpp, the 1.2-line constructor: the manager is made before
 the backend switch). Its buffer size (cacheTransBuffer.cpp) is, per rank:
 - with cache_transceiver_config.max_tokens_in_buffer: (that + one block) x this rank's KV bytes per token,
-  summed over its layers (what the trtllm-serve path sets: serve_config.role_llm_options);
+  summed over its layers (what both trtllm-serve paths set: serve_config.role_llm_options, serve_pytorch.role_options);
 - without it: env TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE (cpp/tensorrt_llm/common/envUtils.cpp
   getEnvMemSizeForKVCacheTransferBuffer, default "512MB"; parseMemorySize takes a number with b/kb/mb/gb/tb,
   1024-based). The Triton backend hard-codes CacheTransceiverConfig(MPI) with no max_tokens_in_buffer

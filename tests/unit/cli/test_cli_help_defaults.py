@@ -43,6 +43,10 @@ def test_every_option_with_a_default_says_so(command):
     ("build", "(default: fp8 for tensorrtllm, as the recipe says; fp16 for reference)"),
     ("build", "--backend {tensorrtllm,reference}"),
     ("build", "the CPU reference engines (default: tensorrtllm)"),
+    ("build", "--modelopt-dir DIR checkout of NVIDIA/Model-Optimizer at tag 0.37.0 (the nvidia-modelopt TensorRT-LLM "
+              "1.2.1 installs) whose examples/llm_ptq/hf_ptq.py makes deploy/serve-pytorch/'s FP8 checkpoint"),
+    ("build", "serve-pytorch/: the same servers on the PyTorch backend, no engine, which --configs-only writes without "
+              "a GPU"),
     ("simulate", "--decode-max-batch-size DECODE_MAX_BATCH_SIZE (default: the plan's, else 64)"),
     ("simulate", "configs/workloads name or YAML path (default: chat-powerlaw)"),
     ("profile", "(default: cpu-reference.yaml, in the current directory)"),

@@ -16,6 +16,11 @@ REFUSED = [
      "trtpd build: error: --configs-only: only used by --backend tensorrtllm"),
     (["build", "--backend", "reference", "--model", "tiny-llama", "--dry-run", "--decode-max-batch-size", "8"],
      "trtpd build: error: --decode-max-batch-size: only used by --backend tensorrtllm"),
+    (["build", "--backend", "reference", "--model", "tiny-llama", "--dry-run", "--modelopt-dir", "/opt/m"],
+     "trtpd build: error: --modelopt-dir: only used by --backend tensorrtllm"),
+    (["build", "--model", "llama-3.1-8b", "--no-fp8", "--dry-run", "--modelopt-dir", "/opt/m"],
+     "trtpd build: error: --modelopt-dir /opt/m: only FP8 weights need ModelOpt's hf_ptq.py (without FP8 "
+     "serve-pytorch/ serves the Hugging Face checkpoint as it is); drop --modelopt-dir or pass --fp8"),
     (["build", "--model", "llama-2-70b", "--dry-run", "--force"],
      "trtpd build: error: --force: a dry run writes nothing, so there is nothing to replace"),
     (["simulate", "--rate-per-s", "2", "--find-goodput", "--no-early-stop"],

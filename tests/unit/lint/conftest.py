@@ -42,6 +42,26 @@ def router(ctx_urls=("localhost:8100",), gen_urls=("localhost:8101",), **section
     return config
 
 
+CLUSTER = {"cluster_uri": "http://localhost:8000", "cluster_name": "trtpd-llama-2-70b", "heartbeat_interval_sec": 5,
+           "inactive_timeout_sec": 10}
+
+
+def pytorch_options(role: str = "prefill", *, cluster: dict | None = None, kv: dict | None = None, **keys) -> dict:
+    """A PyTorch-backend server's YAML as serve-pytorch/ writes it; keyword arguments replace top-level keys."""
+    options = serve_options(role)
+    options["kv_cache_config"].update({"tokens_per_block": 32, "dtype": "fp8", **(kv or {})})
+    options.update({"disable_overlap_scheduler": role == "prefill", "enable_iter_perf_stats": True,
+                    "disagg_cluster": {**CLUSTER, **(cluster or {})}, **keys})
+    return options
+
+
+def cluster_router(minimal: dict | None = None, **cluster) -> dict:
+    """A router that takes registrations (disagg_cluster) instead of static urls."""
+    return {"hostname": "localhost", "port": 8000,
+            "disagg_cluster": {**CLUSTER, "minimal_instances": {"context_servers": 1, "generation_servers": 1,
+                                                                 **(minimal or {})}, **cluster}}
+
+
 @pytest.fixture(scope="session")
 def gpu_deploy(tmp_path_factory) -> Path:
     """A rendered GPU deploy folder for llama-2-70b TP2 prefill / TP4 decode (engines not built)."""
@@ -63,4 +83,5 @@ def make():
         pass
     f = Factories()
     f.manifest, f.serve_options, f.router, f.edit = manifest, serve_options, router, edit
+    f.pytorch_options, f.cluster_router = pytorch_options, cluster_router
     return f

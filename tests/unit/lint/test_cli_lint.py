@@ -79,9 +79,10 @@ def test_serve_dir_alone_reads_decode_num_tokens_from_launch(tmp_path):
     (tmp_path / "decode.yaml").write_text("cache_transceiver_config: {backend: UCX, max_tokens_in_buffer: 4096, "
                                           "kv_transfer_timeout_ms: 60000}\nenable_chunked_prefill: false\n")
     (tmp_path / "launch.sh").write_text("export UCX_MEMTYPE_CACHE=n\nexport UCX_CUDA_IPC_ENABLE_MNNVL=n\n"
-                                        "trtllm-serve e --max_num_tokens 256 --extra_llm_api_options ./decode.yaml &\n")
+                                        "trtllm-serve e --backend tensorrt --max_num_tokens 256 "
+                                        "--extra_llm_api_options ./decode.yaml &\n")
     findings = lint_deployment(DeploymentPaths(serve_dir=tmp_path), max_prompt_tokens=2048, check_ports_free=False)
-    assert [f.rule for f in findings] == ["decode-num-tokens"]
+    assert [f.rule for f in findings] == ["decode-num-tokens", "transfer-timeout-scope"]
 
 
 def test_lint_of_a_build_without_a_local_tokenizer_names_it(tmp_path, capsys, monkeypatch):
@@ -92,3 +93,18 @@ def test_lint_of_a_build_without_a_local_tokenizer_names_it(tmp_path, capsys, mo
     assert main(["lint", str(engines / "llama-3.1-8b"), "--no-port-check"]) == 1
     out = capsys.readouterr().out
     assert out.count("error: [tokenizer]") == 2 and "deploy/tokenizer/tokenizer.json does not exist" in out
+
+
+def test_lint_of_a_build_reads_both_trtllm_serve_folders(tmp_path, capsys, monkeypatch):
+    engines = tmp_path / "engines"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hf-cache"))        # no tokenizer: an error either way
+    assert main(["build", "--model", "llama-2-70b", "--configs-only", "--engines-dir", str(engines)]) == 0
+    serve = engines / "llama-2-70b" / "deploy" / "serve-pytorch"
+    (serve / "decode.yaml").write_text((serve / "decode.yaml").read_text().replace("backend: UCX", "backend: ucx"))
+    capsys.readouterr()
+    assert main(["lint", str(engines / "llama-2-70b"), "--no-port-check"]) == 1
+    out = capsys.readouterr().out
+    assert f"error: [transceiver-backend] {serve}/decode.yaml: cache_transceiver_config.backend: 'ucx'" in out
+    assert main(["lint", str(engines / "llama-2-70b"), "--no-port-check", "--serve-dir",
+                 str(serve.parent / "trtllm-serve")]) == 1          # the tokenizer is missing; serve-pytorch/ not read
+    assert "transceiver-backend" not in capsys.readouterr().out

@@ -36,6 +36,12 @@ class Ctx:
                                   decode or self.make.serve_options("decode"),
                                   router or self.make.router(), max_prompt_tokens=2048)
 
+    def pytorch(self, prefill: dict | None = None, decode: dict | None = None, router: dict | None = None):
+        """serve-pytorch/'s configs: the PyTorch backend's rules and the disagg_cluster agreement."""
+        return lint_serve_configs(prefill or self.make.pytorch_options("prefill"),
+                                  decode or self.make.pytorch_options("decode"),
+                                  router or self.make.cluster_router(), max_prompt_tokens=2048, backend="pytorch")
+
     def repo(self, edits: list[tuple[str, str, str]] = (), launch_edit: tuple[str, str] | None = None):
         work = self.tmp / "deploy"
         if not work.exists():
@@ -139,6 +145,14 @@ CASES = {
                                               source="l.sh"),
                   lambda c: lint_serve_launch("trtllm-serve /e --tokenizer /e/deploy/tokenizer --port 1 &\n",
                                               source="l.sh")),
+    "context-overlap-scheduler": (
+        lambda c: c.pytorch(prefill=c.make.pytorch_options("prefill", disable_overlap_scheduler=False)),
+        lambda c: c.pytorch()),
+    "iter-perf-stats": (lambda c: c.pytorch(decode={k: v for k, v in c.make.pytorch_options("decode").items()
+                                                    if k != "enable_iter_perf_stats"}),
+                        lambda c: c.pytorch()),
+    "disagg-cluster": (lambda c: c.pytorch(decode=c.make.pytorch_options("decode", cluster={"cluster_name": "other"})),
+                       lambda c: c.pytorch()),
     "transfer-timeout-scope": (
         lambda c: lint_serve_launch("trtllm-serve /e --backend tensorrt --port 8100 > p.log 2>&1 &\n", source="l.sh"),
         lambda c: lint_serve_launch("trtllm-serve /ckpt --backend pytorch --port 8100 > p.log 2>&1 &\n", source="l.sh")),
@@ -285,3 +299,87 @@ def test_written_repository_without_its_tokenizer_fails_the_deployment_lint(gpu_
     assert missing[0].message.endswith("/deploy/tokenizer/tokenizer.json does not exist")
     tokenizer = Path(missing[0].message.split("/tokenizer.json")[0])
     assert tokenizer.name == "tokenizer" and tokenizer.parent.name == "deploy"
+
+
+# --- the PyTorch backend's servers (serve-pytorch/) and their disagg_cluster ---------------------------------------
+
+
+def rules_of(findings, severity: str | None = None):
+    return [f.rule for f in findings if severity is None or f.severity == severity]
+
+
+@pytest.mark.parametrize("backend, severity", [("ucx", "error"), ("MOONCAKE", "error"), ("NIXL", None)])
+def test_a_transceiver_backend_outside_1_2_1s_literals_is_refused(ctx, backend, severity):
+    findings = ctx.pytorch(decode=ctx.make.pytorch_options("decode", cache_transceiver_config={
+        "backend": backend, "max_tokens_in_buffer": 2080, "kv_transfer_timeout_ms": 60000}))
+    fired = [f for f in findings if f.rule == "transceiver-backend"]
+    assert [f.severity for f in fired] == ([severity] if severity else [])
+    if backend == "ucx":
+        assert "upper case" in fired[0].message and fired[0].fix == "set backend: UCX"
+
+
+def test_kv_dtypes_that_differ_are_refused_and_one_left_to_the_checkpoint_is_a_warning(ctx):
+    nvfp4 = ctx.pytorch(decode=ctx.make.pytorch_options("decode", kv={"dtype": "nvfp4"}))
+    assert [(f.rule, f.severity) for f in nvfp4] == [("kv-dtype", "error")]
+    assert "prefill fp8, decode nvfp4" in nvfp4[0].message
+    auto = ctx.make.pytorch_options("decode")
+    del auto["kv_cache_config"]["dtype"]
+    assert [(f.rule, f.severity) for f in ctx.pytorch(decode=auto)] == [("kv-dtype", "warning")]
+
+
+def test_tokens_per_block_that_differ_between_the_servers_are_refused(ctx):
+    findings = ctx.pytorch(decode=ctx.make.pytorch_options("decode", kv={"tokens_per_block": 64}))
+    assert [(f.rule, f.severity) for f in findings] == [("tokens-per-block", "error")]
+
+
+def test_the_engine_paths_configs_get_no_pytorch_backend_rule(ctx):
+    """Engine YAML carries no disable_overlap_scheduler or enable_iter_perf_stats (TrtLlmArgs has neither)."""
+    assert ctx.serve() == []
+
+
+@pytest.mark.parametrize("router_edit, message", [
+    ({"cluster_uri": "http://localhost:9000"}, "is not this router (port 8000)"),
+    ({"heartbeat_interval_sec": 10}, "sends no heartbeat and its registration expires 10 s after it joins"),
+    ({"minimal": {"generation_servers": 0}}, "reports ready with no generation_servers"),
+])
+def test_a_router_cluster_that_cannot_work_is_refused(ctx, router_edit, message):
+    minimal = router_edit.pop("minimal", None)
+    findings = ctx.pytorch(router=ctx.make.cluster_router(minimal, **router_edit))
+    fired = [f for f in findings if f.rule == "disagg-cluster" and message in f.message]
+    assert fired and fired[0].subject.startswith("disagg.yaml: disagg_cluster"), [f.format() for f in findings]
+
+
+def test_a_server_whose_cluster_differs_from_the_routers_is_refused(ctx):
+    uri = ctx.pytorch(prefill=ctx.make.pytorch_options("prefill", cluster={"cluster_uri": "http://other:8000"}))
+    assert rules_of(uri) == ["disagg-cluster"] and "overrides --disagg_cluster_uri" in uri[0].message
+    name = ctx.pytorch(decode=ctx.make.pytorch_options("decode", cluster={"cluster_name": ""}))
+    assert rules_of(name) == ["disagg-cluster"] and "/trtllm-disagg//workers" in name[0].message
+    static = lint_serve_configs(ctx.make.pytorch_options("prefill"), ctx.make.pytorch_options("decode"),
+                                ctx.make.router(), max_prompt_tokens=2048, backend="pytorch")
+    assert rules_of(static) == ["disagg-cluster"] * 2 and "static urls" in static[0].message
+
+
+def test_a_cluster_router_lists_no_urls_and_that_is_not_a_router_instances_fault(ctx):
+    assert "router-instances" not in rules_of(ctx.pytorch())
+    assert "router-instances" in rules_of(ctx.serve(router=ctx.make.router(context_servers={"num_instances": 2})))
+
+
+def test_a_launch_flag_pointing_elsewhere_than_the_routers_cluster_is_refused(make):
+    from trtpd.lint.disagg_cluster import lint_launch_cluster
+    line = "trtllm-serve /ckpt --backend pytorch --server_role CONTEXT --disagg_cluster_uri {} &\n"
+    router = make.cluster_router()
+    assert lint_launch_cluster(line.format("http://localhost:8000"), router, source="l.sh") == []
+    (wrong,) = lint_launch_cluster(line.format("http://localhost:8001"), router, source="l.sh")
+    assert (wrong.rule, wrong.severity) == ("disagg-cluster", "error")
+    assert wrong.fix == "pass --disagg_cluster_uri http://localhost:8000"
+
+
+@pytest.mark.parametrize("script, backend", [
+    ("trtllm-serve /e --backend tensorrt --port 1 &\nexec trtllm-serve disaggregated -c d.yaml\n", "tensorrt"),
+    ("trtllm-serve /ckpt --backend pytorch --port 1 &\n", "pytorch"),
+    ("trtllm-serve /ckpt --port 1 &\n", "pytorch"),                 # trtllm-serve's default backend
+    ("exec trtllm-serve disaggregated -c d.yaml\n", None),
+])
+def test_the_backend_of_a_launch_script(script, backend):
+    from trtpd.lint.serve_configs import serve_backend
+    assert serve_backend(script) == backend

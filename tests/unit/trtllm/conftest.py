@@ -27,7 +27,8 @@ def recipes():
 @pytest.fixture
 def request_for(recipes):
     def build(model: str = "llama-2-70b", engines_dir: Path = ENGINES, **overrides):
-        extra = {k: overrides.pop(k) for k in ("hf_model", "gpus_per_node", "gpu_memory_gib") if k in overrides}
+        extra = {k: overrides.pop(k) for k in ("hf_model", "gpus_per_node", "gpu_memory_gib", "modelopt_dir")
+                 if k in overrides}
         return make_request(model, recipes, BuildOverrides(**overrides), engines_dir=engines_dir, **extra)
     return build
 

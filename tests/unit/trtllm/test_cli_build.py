@@ -153,3 +153,15 @@ def test_a_plan_for_another_model_is_refused(tmp_path, capsys):
     assert run("--model", "llama-3.1-8b", "--plan", str(_example_plan(tmp_path)), "--dry-run",
                "--engines-dir", str(tmp_path / "engines")) == 2
     assert "the plan is for model llama-2-70b" in capsys.readouterr().err
+
+
+def test_configs_only_writes_the_pytorch_backend_folder_with_the_modelopt_checkout(tmp_path, capsys):
+    argv = ("--model", "llama-2-70b", "--prefill-tp", "2", "--decode-tp", "4", "--modelopt-dir", "/opt/Model-Optimizer",
+            "--configs-only", "--engines-dir", str(tmp_path))
+    assert run(*argv) == 0
+    serve = tmp_path / "llama-2-70b" / "deploy" / "serve-pytorch"
+    assert sorted(p.name for p in serve.iterdir()) == ["checkpoint.sh", "decode.yaml", "disagg.yaml", "launch.sh",
+                                                       "prefill.yaml"]
+    assert 'MODELOPT_DIR="${MODELOPT_DIR:-/opt/Model-Optimizer}"' in (serve / "checkpoint.sh").read_text()
+    out = capsys.readouterr().out
+    assert "trtllm-serve --backend pytorch (serve-pytorch/, no engine): loads " in out

@@ -18,6 +18,8 @@ from trtpd.trtllm.run import prepare
 from trtpd.schema.pbtxt import parameters, parse_model_config
 
 TYPES = {"int", "float", "bool", "switch", "flag", "enum", "str", "path", "list", "memsize"}
+# owner/repo path..., pinned: @<commit> or (id N) of the stored version read
+_UPSTREAM = r"^[\w-]+/[\w.-]+ \S+.*(@[0-9a-f]{7}|\bid \d+)"
 
 
 def test_table_rows_are_complete():
@@ -26,7 +28,8 @@ def test_table_rows_are_complete():
         assert (o.tool, o.name) not in seen, f"duplicate {o.tool} {o.name}"
         seen.add((o.tool, o.name))
         assert o.type in TYPES, o
-        assert o.source.startswith("trtllm-1.2.md §"), f"{o.name}: source must cite trtllm-1.2.md"
+        assert o.source.startswith("trtllm-1.2.md §") or re.match(_UPSTREAM, o.source), \
+            f"{o.name}: source must cite trtllm-1.2.md, or an upstream file at a version (path@commit or id N)"
         if o.type in ("enum", "switch", "bool"):
             assert o.allowed, f"{o.name}: {o.type} needs allowed values"
         if o.default is not None and o.allowed and o.type != "flag":
@@ -83,6 +86,8 @@ def _flag_pairs(argv: list[str]) -> list[tuple[str, str | None]]:
 def _tool_of(program: list[str]) -> tuple[str, list[str]]:
     if program[0] == "python3":
         return program[1].rsplit("/", 1)[-1], program[2:]
+    if program[:2] == ["hf", "download"]:
+        return "hf download", program[3:]           # skip the repository id
     if program[:2] == ["trtllm-serve", "disaggregated"]:
         return "trtllm-serve disaggregated", program[2:]
     if program[0] == "trtllm-serve":
@@ -122,6 +127,54 @@ def test_every_emitted_flag_and_key_is_in_the_table(case, golden_cases, request_
     problems += check_keys("env", dict(re.findall(r"^export (\w+)=(\S+)$", files["launch_triton.sh"], re.M)))
     assert problems == []
     assert checked >= 5
+
+
+def _command_lines(script: str) -> list[str]:
+    """The commands of a generated script: worker lines (their log redirection dropped), exec lines, step lines."""
+    lines = []
+    for line in script.splitlines():
+        if line.startswith("CUDA_VISIBLE_DEVICES="):
+            lines.append(line.split(" ", 1)[1].split(" > ")[0])
+        elif line.startswith(("exec trtllm-serve", "python3 ", "hf download ")):
+            lines.append(line.removeprefix("exec "))
+    return lines
+
+
+@pytest.mark.parametrize("case", ["llama-2-70b-tp2-tp4-fp8", "llama-3.1-8b-tp1-tp1-fp16"])
+def test_every_emitted_pytorch_backend_flag_and_key_is_in_the_table(case, golden_cases, request_for):
+    """serve-pytorch/, parsed back from its text: TorchLlmArgs keys, the router's disagg_cluster, every command."""
+    model, overrides = golden_cases[case]
+    files = prepare(request_for(model, **overrides)).deploy.files
+    problems, checked = [], 0
+    for name in ("prefill", "decode"):
+        problems += check_keys("torch-llm-api-options", yaml.safe_load(files[f"serve-pytorch/{name}.yaml"]))
+    problems += check_keys("disagg-config", yaml.safe_load(files["serve-pytorch/disagg.yaml"]))
+    for script in ("launch.sh", "checkpoint.sh"):
+        for line in _command_lines(files.get(f"serve-pytorch/{script}", "")):
+            tool, rest = _tool_of(shlex.split(line))
+            problems += check_args(tool, _flag_pairs(rest))
+            checked += 1
+    problems += check_keys("env", dict(re.findall(r"^export (\w+)=\$\{\w+:-(\S+)\}$", files["serve-pytorch/launch.sh"],
+                                                  re.M)))
+    assert problems == []
+    assert checked == 4           # two servers, the router, the checkpoint step (hf_ptq.py, or hf download)
+
+
+def test_a_key_1_2_1_lacks_or_a_tensorrt_only_key_is_refused_for_the_pytorch_backend():
+    problems = check_keys("torch-llm-api-options", {
+        "extended_runtime_perf_knob_config": {"cuda_graph_mode": True},          # TrtLlmArgs only
+        "cache_transceiver_config": {"backend": "MOONCAKE", "transceiver_runtime": "PYTHON"},   # after the 1.2 cut
+        "kv_cache_config": {"dtype": "fp16"}})
+    text = "\n".join(problems)
+    assert "'extended_runtime_perf_knob_config.cuda_graph_mode' is not a TensorRT-LLM 1.2.x key" in text
+    assert "must be one of DEFAULT, UCX, NIXL, MPI; got 'MOONCAKE'" in text
+    assert "'cache_transceiver_config.transceiver_runtime' is not a TensorRT-LLM 1.2.x key" in text
+    assert "kv_cache_config.dtype must be one of auto, fp8, nvfp4; got 'fp16'" in text
+    assert check_args("trtllm-serve", [("--server_role", "PREFILL")]) == [
+        "trtllm-serve --server_role must be one of CONTEXT, GENERATION, MM_ENCODER; got 'PREFILL'"]
+    assert check_keys("disagg-config", {"disagg_cluster": {"inactive_interval_sec": 10}}) == [
+        "disagg-config: key 'disagg_cluster.inactive_interval_sec' is not a TensorRT-LLM 1.2.x key trtpd knows "
+        "(see trtpd/trtllm/options_table.py)"]       # the README's misspelling: DisaggClusterConfig raises KeyError
 
 
 def test_backend_parameter_table_names_the_reader_of_each_key():

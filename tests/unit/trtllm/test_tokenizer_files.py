@@ -83,9 +83,10 @@ def served_paths(deploy_dir: Path) -> dict[str, str]:
         path = deploy_dir / "model_repository" / model / "config.pbtxt"
         config = parse_model_config(path.read_text(), source=str(path))
         paths[model] = config.parameters["tokenizer_dir"].string_value
-    launch = (deploy_dir / "trtllm-serve" / "launch.sh").read_text().split()
-    paths.update({f"launch.sh {i}": launch[n + 1] for i, n in enumerate(
-        n for n, arg in enumerate(launch) if arg == "--tokenizer")})
+    for folder in ("trtllm-serve", "serve-pytorch"):
+        launch = (deploy_dir / folder / "launch.sh").read_text().split()
+        paths.update({f"{folder}/launch.sh {i}": launch[n + 1] for i, n in enumerate(
+            n for n, arg in enumerate(launch) if arg == "--tokenizer")})
     compose = yaml.safe_load((deploy_dir / "containers" / "compose.trtllm-serve.yaml").read_text())
     for name, service in compose["services"].items():
         if "--tokenizer" in service["command"]:
@@ -99,13 +100,18 @@ def test_every_server_reads_the_deploy_folders_copy_and_nothing_downloads(reques
     deploy_dir = write_configs(prepared, force=False)
     tokenizer = deploy_dir / "tokenizer"
     paths = served_paths(deploy_dir)
-    assert len(paths) == 6 and set(paths.values()) == {str(tokenizer)}
+    assert len(paths) == 8 and set(paths.values()) == {str(tokenizer)}
     assert sorted(p.name for p in tokenizer.iterdir()) == ["config.json", "tokenizer.json", "tokenizer_config.json"]
     assert not any(p.is_symlink() for p in tokenizer.iterdir())      # the blobs' content, not links into the cache
     assert load_text_tokenizer(tokenizer).decode(load_text_tokenizer(tokenizer).encode("the lazy dog")) == "the lazy dog"
-    text = "\n".join(p.read_text() for p in deploy_dir.rglob("*") if p.is_file() and p.suffix in ("", ".sh", ".yaml",
-                                                                                                   ".pbtxt"))
+    # serve-pytorch/checkpoint.sh is a build step, not a server: it fetches the hub model once (as the engine path's
+    # convert step does), and the PyTorch servers then load that local copy
+    fetch = deploy_dir / "serve-pytorch" / "checkpoint.sh"
+    assert f"hf download {HUB_ID} --local-dir {tmp_path}/llama-3.1-8b/checkpoints/hf" in fetch.read_text()
+    text = "\n".join(p.read_text() for p in deploy_dir.rglob("*") if p.is_file() and p != fetch
+                     and p.suffix in ("", ".sh", ".yaml", ".pbtxt"))
     assert HUB_ID not in text and "huggingface" not in text and "HF_TOKEN" not in text
+    assert f"trtllm-serve {tmp_path}/llama-3.1-8b/checkpoints/hf --backend pytorch" in text
     compose = yaml.safe_load((deploy_dir / "containers" / "compose.triton.yaml").read_text())
     assert compose["services"]["triton"]["volumes"] == [f"{tmp_path}/llama-3.1-8b:{tmp_path}/llama-3.1-8b"]
 
