@@ -191,7 +191,9 @@ def test_the_fleet_file_is_one_the_gateway_reads(kube, make_executor, plan, tmp_
     (tmp_path / "fleet.json").write_text(json.dumps({**fleet, "tokenizer_dir": str(tmp_path)}))
     config = from_fleet_file(tmp_path / "fleet.json")
     pod_ip = kube.pods(DECODE)[0]["status"]["podIP"]
-    assert [(i.name, i.role, i.grpc_url) for i in config.instances] == [("decode-r1-0", "decode", f"{pod_ip}:8000")]
+    # the pod runs trtllm-serve: the gateway reaches it over its OpenAI HTTP (trtllm_http.py), not Triton gRPC
+    assert [(i.name, i.role, i.protocol, i.http_url) for i in config.instances] == \
+        [("decode-r1-0", "decode", "trtllm-serve", f"{pod_ip}:8000")]
     assert config.key_file == Path("/etc/trtpd/kv/key")
 
 
