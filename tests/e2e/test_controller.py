@@ -28,9 +28,11 @@ MAX_TOKENS = 12
 
 
 def write_spec(path: Path, name: str, build_root: Path, *, decode: str = "{instances: 1}",
-               prefill: str = "{instances: 1}", engines_extra: str = "", rollout: str = "", slo: str = "") -> Path:
+               prefill: str = "{instances: 1}", engines_extra: str = "", rollout: str = "", slo: str = "",
+               backend: str = "reference") -> Path:
     path.write_text(f"""name: {name}
 model: tiny-llama
+backend: {backend}
 engines: {{build_root: {build_root}{engines_extra}}}
 roles:
   prefill: {prefill}
@@ -393,3 +395,36 @@ def test_a_rollout_changing_both_roles_kv_dtype_keeps_kv_within_each_revision(de
     assert {i.revision for i in load_fleet("kvboth").instances} == {2}
     baked = next(e for e in audit("kvboth", "rollout_promoting"))
     assert baked.detail["gate"]["canary"]["requests"] >= 6 and baked.detail["gate"]["stable"]["requests"] >= 6
+
+
+def test_a_trtllm_serve_deployment_scales_and_heals_under_load(deployment):
+    """backend: trtllm-serve: the same executor starts trtllm-serve (CPU twin) workers instead of tritonservers.
+    Under load: decode scaled 1 -> 2 -> 1 (drained, not killed) with every response equal to the unscaled greedy
+    output, and a SIGKILLed prefill worker replaced, its requests prefilled again."""
+    deployment("serve", backend="trtllm-serve")
+    assert {i.protocol for i in load_fleet("serve").instances} == {"trtllm-serve"}
+    c = client("serve")
+    reference = {p: complete(c, p) for p in PROMPTS}
+    timings = {}
+    with Load(c) as load:
+        for target in ("decode=2", "decode=1"):
+            time.sleep(1.0)
+            started = time.monotonic()
+            assert trtpd(["scale", "serve", target, "--timeout-s", "120"]) == 0
+            timings[target] = round(time.monotonic() - started, 2)
+            deadline = time.monotonic() + 10
+            while counts("serve")["decode"] != int(target[-1]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert counts("serve")["decode"] == int(target[-1])
+        victim = next(i for i in load_fleet("serve").instances if i.role == "prefill")
+        killed_at = time.time()
+        os.kill(victim.server.pid, signal.SIGKILL)
+        ready = wait_audit("serve", lambda e: e.action == "ready" and e.detail["role"] == "prefill"
+                           and e.ts > killed_at, 60, "a replacement prefill worker")
+        timings["prefill replaced"] = round(ready.ts - killed_at, 2)
+        time.sleep(1.0)
+    print(f"trtllm-serve timings: {timings}; {len(load.results)} requests under load, errors {load.errors}")
+    assert load.errors == []
+    assert [p for p, text in load.results if text != reference[p]] == []
+    assert [e.detail["role"] for e in audit("serve", "drained")] == ["decode"]
+    assert victim.name not in pids("serve")

@@ -47,8 +47,9 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     from trtpd.repo.reference import KEY_FILE
 
     spec = load_spec(spec_path)
-    if spec.backend != "reference":
-        raise ConfigError(f"{spec_path}: backend {spec.backend}: the local executor runs the reference backend; "
+    if spec.backend not in ("reference", "trtllm-serve"):
+        raise ConfigError(f"{spec_path}: backend {spec.backend}: the local executor runs the reference backend and "
+                          f"trtllm-serve (its CPU twin); "
                           f"for tensorrt-llm render Kubernetes manifests (trtpd/controller/k8s)")
     problems = check_revision(spec, None, revision=1)
     if problems:

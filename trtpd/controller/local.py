@@ -121,7 +121,11 @@ class LocalExecutor:
         used |= {int(i.kv_bind.rsplit(":", 1)[1]) for i in fleet.instances if i.kv_bind}
         plan = InstancePlan(name, role, self._pick_cpus(fleet, shape.cpus_per_instance), pick_ports(used),
                             pick_port(used) if role == "prefill" else 0, revision, shape.step_delay_ms)
-        inst = start_instance(spec, fleet, plan)
+        if shape.backend == "trtllm-serve":      # one executor for both: only the command differs
+            from trtpd.fleet.serve_workers import ServeStarter
+            inst = ServeStarter(spec, transceiver=shape.kv_transport).start(fleet, plan)
+        else:
+            inst = start_instance(spec, fleet, plan)
         fleet = self.fleet()   # re-read: nothing else writes it while the controller runs, but stay safe
         fleet.instances = [i for i in fleet.instances if i.name != name] + [inst]
         self._save(fleet)
@@ -200,7 +204,8 @@ def reference_deployment(shape: RoleShape, mode: str) -> ReferenceDeployment:
     engine = Path(shape.engine_dir)
     overrides = {"prefill_engine": engine} if shape.role == "prefill" else \
         {"decode_engine": engine} if shape.role == "decode" else {}
-    return ReferenceDeployment(build_root=engine.parent, mode=mode, kv_transport=shape.kv_transport,
+    kv_transport = "tcp" if shape.backend == "trtllm-serve" else shape.kv_transport   # its twin's transport
+    return ReferenceDeployment(build_root=engine.parent, mode=mode, kv_transport=kv_transport,
                                kv_transfer_timeout_ms=shape.kv_transfer_timeout_ms,
                                max_batch_size=shape.max_batch_size, **overrides)
 

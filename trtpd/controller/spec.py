@@ -30,7 +30,11 @@ from trtpd.schema.slo import Slo
 
 HEADER = "# trtpd deployment spec (schema: trtpd/controller/spec.py, configs/deployments/README.md)\n"
 MODE_ROLES = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}
-KV_TRANSPORTS = {"reference": ("shm", "tcp", "ucx", "mpi"), "tensorrt-llm": ("mpi", "ucx", "nixl")}
+# trtllm-serve: cache_transceiver_config.backend (TensorRT-LLM 1.2.1's literals, lower-cased); its CPU twin moves
+# KV over trtpd's TCP transport whichever is named (docs/serve-twin.md)
+KV_TRANSPORTS = {"reference": ("shm", "tcp", "ucx", "mpi"), "tensorrt-llm": ("mpi", "ucx", "nixl"),
+                 "trtllm-serve": ("default", "ucx", "nixl", "mpi")}
+CPU_BACKENDS = ("reference", "trtllm-serve")   # run here on the reference engines (trtllm-serve: its CPU twin)
 RESTART_FIELDS = ("tp", "cpus_per_instance", "gpus_per_instance", "max_batch_size", "step_delay_ms")
 ALL_ROLES_RESTART = ("backend", "model", "mode", "kv_transport", "kv_transfer_timeout_ms")
 Problem = tuple[tuple, str]     # (loc in the YAML, message)
@@ -123,7 +127,7 @@ class DeploymentSpec(_Strict):
     kind: Literal["Deployment"] = "Deployment"
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
     model: str
-    backend: Literal["reference", "tensorrt-llm"] = "reference"
+    backend: Literal["reference", "tensorrt-llm", "trtllm-serve"] = "reference"
     mode: Literal["disaggregated", "colocated"] = "disaggregated"
     engines: EnginesSpec = Field(default_factory=EnginesSpec)
     kv_transport: str | None = None             # None: shm (reference), ucx (tensorrt-llm)
@@ -200,7 +204,8 @@ class DeploymentSpec(_Strict):
         return RoleShape(role=role, engine_dir=str(engine), config_hash=_digest(restart), kv_signature=kv_signature,
                          cpus_per_instance=spec.cpus_per_instance, gpus_per_instance=self.gpus_per_instance(role),
                          tp=spec.tp, max_batch_size=spec.max_batch_size, kv_transport=self.kv_transport,
-                         kv_transfer_timeout_ms=self.kv_transfer_timeout_ms, step_delay_ms=spec.step_delay_ms)
+                         kv_transfer_timeout_ms=self.kv_transfer_timeout_ms, step_delay_ms=spec.step_delay_ms,
+                         backend=self.backend)
 
     def routing_policy(self) -> RoutingPolicy:
         return RoutingPolicy(**self.routing.model_dump())
@@ -309,12 +314,13 @@ def _check_role(spec: DeploymentSpec, role: str) -> list[Problem]:
         problems.append((("roles", role, "instances"), "Input should be greater than or equal to 1 (mode "
                          "disaggregated cannot scale a role to zero: with no prefill or no decode instance no "
                          "request is served)"))
-    if spec.backend == "reference" and mine.tp != 1:
+    if spec.backend in CPU_BACKENDS and mine.tp != 1:
         source = f" (from the plan {spec.plan})" if spec.plan else ""
-        problems.append((("roles", role, "tp"), f"the reference backend runs tp 1 engines only; got {mine.tp}"
-                                                f"{source}; use backend tensorrt-llm or a plan with tp 1"))
-    if spec.backend == "reference" and mine.gpus_per_instance:
-        problems.append((("roles", role, "gpus_per_instance"), "the reference backend runs on CPUs; set 0"))
+        problems.append((("roles", role, "tp"), f"the {spec.backend} backend runs the reference engines here, tp 1 "
+                                                f"only; got {mine.tp}{source}; use a plan with tp 1"))
+    if spec.backend in CPU_BACKENDS and mine.gpus_per_instance:
+        problems.append((("roles", role, "gpus_per_instance"), f"the {spec.backend} backend runs on CPUs here (the "
+                                                               f"controller starts trtllm-serve's CPU twin); set 0"))
     if getattr(spec.engines, role) is None and spec.engines.build_root is None:
         problems.append((("engines",), f"no engine for {role}: give engines.build_root or engines.{role}"))
     return problems

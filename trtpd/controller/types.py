@@ -36,6 +36,7 @@ class RoleShape:
     kv_transport: str = "shm"
     kv_transfer_timeout_ms: int = 30000
     step_delay_ms: int = 0       # fault injection: a pause after each engine step (rollout gate tests)
+    backend: str = "reference"   # what an instance is: a tritonserver (reference) or a trtllm-serve worker
 
 
 @dataclass(frozen=True)

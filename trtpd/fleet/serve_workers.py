@@ -28,14 +28,14 @@ PROTOCOL = "trtllm-serve"
 SERVER_ROLE = {"prefill": "CONTEXT", "decode": "GENERATION"}    # --server_role (none: colocated)
 
 
-def llm_api_options(spec: ReferenceDeployment, role: str, config: EngineConfig) -> dict:
+def llm_api_options(spec: ReferenceDeployment, role: str, config: EngineConfig, transceiver: str = "default") -> dict:
     """The role's --extra_llm_api_options (TensorRT-LLM 1.2.1's keys, docs/serve-twin.md): the KV dtype and block
     size of the engine, a finite KV transfer timeout, the iteration stats the gateway's probe reads, and the
     context servers' overlap scheduler off (upstream's disaggregated examples do so)."""
     options: dict = {"kv_cache_config": {"dtype": config.kv_dtype.value, "tokens_per_block": config.tokens_per_block},
                      "enable_iter_perf_stats": True}
     if role in SERVER_ROLE:
-        options["cache_transceiver_config"] = {"backend": "DEFAULT",
+        options["cache_transceiver_config"] = {"backend": transceiver.upper(),
                                                "kv_transfer_timeout_ms": spec.kv_transfer_timeout_ms}
     if role == "prefill":
         options["disable_overlap_scheduler"] = True
@@ -45,8 +45,10 @@ def llm_api_options(spec: ReferenceDeployment, role: str, config: EngineConfig) 
 class ServeStarter:
     """Starts, waits for and stops twin workers (the launcher's Starter)."""
 
-    def __init__(self, spec: ReferenceDeployment) -> None:
+    def __init__(self, spec: ReferenceDeployment, transceiver: str = "default") -> None:
+        """transceiver: cache_transceiver_config.backend (default, ucx, nixl, mpi; the twin moves KV over TCP)."""
         self.spec = spec
+        self.transceiver = transceiver
 
     def start(self, fleet: FleetRecord, plan: InstancePlan) -> InstanceRecord:
         role = Role(plan.role)
@@ -56,7 +58,8 @@ class ServeStarter:
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o700)
         options = folder / f"{plan.role}.yaml"
-        options.write_text(yaml.safe_dump(llm_api_options(self.spec, plan.role, config), sort_keys=False))
+        options.write_text(yaml.safe_dump(llm_api_options(self.spec, plan.role, config, self.transceiver),
+                                          sort_keys=False))
         port = plan.ports.http
         if not port_is_free(port, HOST):
             raise ServerError(f"port {port} on {HOST} is in use")

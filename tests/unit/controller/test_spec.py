@@ -189,8 +189,8 @@ def test_a_plan_with_tp_2_needs_the_gpu_backend(tmp_path):
     small_plan(tmp_path, decode_tp=2)
     text = BASE.format(root="/x").replace("{instances: 1}", "{}").replace("    instances: 1\n", "")
     message = load_error(tmp_path, text + "plan: plans/small.yaml\n")
-    assert message.startswith(f"{tmp_path / 'dep.yaml'}:9: roles.decode.tp: the reference backend runs tp 1 "
-                              "engines only; got 2 (from the plan")
+    assert message.startswith(f"{tmp_path / 'dep.yaml'}:9: roles.decode.tp: the reference backend runs the "
+                              "reference engines here, tp 1 only; got 2 (from the plan")
     s = load_spec(write(tmp_path, text + "plan: plans/small.yaml\nbackend: tensorrt-llm\n"))
     assert (s.role("decode").tp, s.gpus_per_instance("decode"), s.engine_dir("decode").name) == (2, 2, "decode-tp2")
     message = load_error(tmp_path, text + "plan: plans/missing.yaml\n")
@@ -289,3 +289,18 @@ def test_an_engine_rebuilt_in_place_restarts_its_role_against_the_recorded_shape
     assert [(c.field, c.effect) for c in changes] == [("engines.decode.content", "restart:decode")]
     assert changed_roles(s, s, old_shapes=recorded) == ("decode",)
     assert changed_roles(s, s) == ()
+
+
+def test_a_trtllm_serve_spec_runs_the_twin_on_cpus(tmp_path, fp16_root):
+    """backend: trtllm-serve: its KV transports are cache_transceiver_config's backends (ucx by default), its role
+    shapes say what the executor starts, and like the reference backend it runs tp 1 on CPUs here."""
+    text = BASE.format(root=fp16_root)
+    s = load_spec(write(tmp_path, text + "backend: trtllm-serve\n"))
+    assert s.kv_transport == "ucx"
+    assert {r: shape.backend for r, shape in s.role_shapes().items()} == {"prefill": "trtllm-serve",
+                                                                          "decode": "trtllm-serve"}
+    message = load_error(tmp_path, text + "backend: trtllm-serve\nkv_transport: shm\n")
+    assert "'shm' is not a trtllm-serve KV transport; use one of default, ucx, nixl, mpi" in message
+    message = load_error(tmp_path, text.replace("    cpus_per_instance: 1\n", "    gpus_per_instance: 2\n")
+                         + "backend: trtllm-serve\n")
+    assert "roles.decode.gpus_per_instance: the trtllm-serve backend runs on CPUs here" in message
