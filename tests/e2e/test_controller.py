@@ -428,3 +428,38 @@ def test_a_trtllm_serve_deployment_scales_and_heals_under_load(deployment):
     assert [p for p, text in load.results if text != reference[p]] == []
     assert [e.detail["role"] for e in audit("serve", "drained")] == ["decode"]
     assert victim.name not in pids("serve")
+
+
+def test_rollouts_on_trtllm_serve_roll_back_a_slow_revision_and_promote_a_good_one(deployment, fp16_root, tmp_path,
+                                                                                  capsys):
+    """The same canary, SLO gate and rollback on backend: trtllm-serve: a revision whose decode worker is slow
+    (step_delay_ms) is rolled back without moving the stable workers; a good one is promoted, keeping the unchanged
+    prefill worker; no request fails and every response is the greedy output."""
+    deployment("rs", backend="trtllm-serve")
+    c = client("rs")
+    reference = {p: complete(c, p) for p in PROMPTS}
+    slow = write_spec(tmp_path / "slow.yaml", "rs", fp16_root, decode="{instances: 1, step_delay_ms: 150}",
+                      backend="trtllm-serve")
+    good = write_spec(tmp_path / "good.yaml", "rs", fp16_root, decode="{instances: 1, max_batch_size: 32}",
+                      backend="trtllm-serve")
+    timeline = {}
+    with Load(c) as load:
+        before = pids("rs")
+        started = time.monotonic()
+        assert trtpd(["rollout", str(slow)]) == 1
+        timeline["slow"] = round(time.monotonic() - started, 2)
+        out = capsys.readouterr().out
+        assert "rollout_rolling_back" in out and "TPOT p90" in out
+        assert pids("rs") == before
+        started = time.monotonic()
+        assert trtpd(["rollout", str(good)]) == 0
+        timeline["good"] = round(time.monotonic() - started, 2)
+        after = pids("rs")
+        assert after["prefill-0"] == before["prefill-0"] and "decode-0" not in after
+        time.sleep(1.0)
+    print(f"trtllm-serve rollout timelines (s): {timeline}; {len(load.results)} requests, errors {load.errors}")
+    assert load.errors == []
+    assert [p for p, text in load.results if text != reference[p]] == []
+    assert [(r.number, r.status) for r in open_store("rs").revisions()] == \
+        [(1, "superseded"), (2, "rolled_back"), (3, "promoted")]
+    assert {i.protocol for i in load_fleet("rs").instances} == {"trtllm-serve"}

@@ -68,6 +68,8 @@ class ServeStarter:
                 "--twin_key_file", fleet.key_file]
         if plan.role in SERVER_ROLE:
             argv += ["--server_role", SERVER_ROLE[plan.role]]
+        if plan.step_delay_ms:       # fault injection (a spec's step_delay_ms): the rollout gate's tests
+            argv += ["--twin_step_delay_ms", str(plan.step_delay_ms)]
         shm_prefix = f"trtpd{port}_{secrets.token_hex(3)}_"   # never empty: stop_server removes /dev/shm/<prefix>*
         log_path = folder / "worker.log"
         env = {**os.environ, "TRTPD_SHM_PREFIX": shm_prefix}

@@ -54,7 +54,8 @@ def build_worker(opts):
     loaded = load_engine(folder, kv, Role(opts.role))
     name = opts.served_model_name or loaded.config.model
     holder: list = []
-    engine = AsyncEngine(loaded, name=f"twin-{opts.role}", on_output=lambda: holder[0].record_iteration())
+    engine = AsyncEngine(loaded, name=f"twin-{opts.role}", on_output=lambda: holder[0].record_iteration(),
+                         step_delay_s=opts.step_delay_ms / 1000.0)
     worker = TwinWorker(engine, name, opts.role, key, iter_stats=opts.iter_perf_stats)
     holder.append(worker)
     return worker

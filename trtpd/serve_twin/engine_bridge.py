@@ -17,13 +17,14 @@ from trtpd.engine.request import EngineOutput, EngineRequest
 
 class AsyncEngine:
     def __init__(self, loaded: LoadedEngine, name: str = "engine",
-                 on_output: Callable[[], None] | None = None) -> None:
-        """on_output: called on the engine thread before each output is handed over (iteration stats)."""
+                 on_output: Callable[[], None] | None = None, step_delay_s: float = 0.0) -> None:
+        """on_output: called on the engine thread before each output is handed over (iteration stats).
+        step_delay_s: fault injection, a pause after every step that produced output (EngineLoop's)."""
         self.loaded = loaded
         self.on_output = on_output
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queues: dict[str, asyncio.Queue[EngineOutput]] = {}
-        self.engine_loop = EngineLoop(loaded.engine, self._on_output, name=name)
+        self.engine_loop = EngineLoop(loaded.engine, self._on_output, name=name, step_delay_s=step_delay_s)
 
     def _on_output(self, out: EngineOutput) -> None:       # the engine thread
         if self.on_output is not None:

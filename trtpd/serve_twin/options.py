@@ -54,6 +54,7 @@ class TwinOptions:
     served_model_name: str | None = None
     cluster: "DisaggClusterOptions | None" = None   # disagg_cluster (the YAML's, its cluster_uri overridden by the flag)
     state_file: Path | None = None
+    step_delay_ms: int = 0
 
     @property
     def role(self) -> str:
@@ -90,6 +91,8 @@ def parser() -> argparse.ArgumentParser:
                       help="the deployment key file: signs KV handles, proves KV pulls and the orchestrator's "
                            "requests (required with --server_role)")
     twin.add_argument("--twin_kv_host", default="127.0.0.1", help="the address the KV exporter binds (prefill)")
+    twin.add_argument("--twin_step_delay_ms", type=int, default=0,
+                      help="fault injection: a pause after every engine step (a deployment spec's step_delay_ms)")
     twin.add_argument("--twin_state_file", type=Path, default=None,
                       help="write {pid, start_time, host, port} here (JSON) once listening (with --port 0)")
     return p
@@ -120,7 +123,8 @@ def parse_args(argv: list[str]) -> TwinOptions:
                        iter_perf_stats=llm.iter_perf_stats,
                        tokens_per_block=llm.tokens_per_block, key_file=args.twin_key_file,
                        kv_host=args.twin_kv_host, ignored=tuple(ignored + list(llm.ignored)),
-                       served_model_name=args.served_model_name, cluster=cluster, state_file=args.twin_state_file)
+                       served_model_name=args.served_model_name, cluster=cluster, state_file=args.twin_state_file,
+                       step_delay_ms=max(0, args.twin_step_delay_ms))
 
 
 @dataclass(frozen=True)
