@@ -74,6 +74,13 @@ class Load:
                 self.errors.append((prompt, f"{type(exc).__name__}: {exc}"))
             n += len(self._threads)
 
+    def served(self, more: int, timeout_s: float = 30.0) -> None:
+        """Until `more` further requests have completed (the load is really running), or fails after timeout_s."""
+        target, deadline = len(self.results) + more, time.monotonic() + timeout_s
+        while len(self.results) < target:
+            assert time.monotonic() < deadline, f"the load served {len(self.results)} of {target}; {self.errors}"
+            time.sleep(0.05)
+
     def __enter__(self) -> "Load":
         for t in self._threads:
             t.start()
@@ -155,6 +162,16 @@ def test_scale_under_load_keeps_every_request_and_its_greedy_output(deployment):
     assert not audit("scale", "drain_timeout")
 
 
+def kill_and_wait_replaced(name: str, role: str, timeout_s: float = 60) -> tuple:
+    """SIGKILLs the deployment's first `role` instance; returns (victim, seconds until a replacement was ready)."""
+    victim = next(i for i in load_fleet(name).instances if i.role == role)
+    killed_at = time.time()
+    os.kill(victim.server.pid, signal.SIGKILL)
+    ready = wait_audit(name, lambda e: e.action == "ready" and e.detail["role"] == role and e.ts > killed_at,
+                       timeout_s, f"a replacement {role} instance")
+    return victim, killed_at, ready.ts - killed_at
+
+
 def test_sigkill_is_healed_and_prefill_requests_survive(deployment):
     deployment("heal")
     c = client("heal")
@@ -163,14 +180,10 @@ def test_sigkill_is_healed_and_prefill_requests_survive(deployment):
     with Load(c) as load:
         for role in ("prefill", "decode"):
             time.sleep(1.5)
-            victim = next(i for i in load_fleet("heal").instances if i.role == role)
-            killed_at = time.time()
-            os.kill(victim.server.pid, signal.SIGKILL)
-            ready = wait_audit("heal", lambda e: e.action == "ready" and e.detail["role"] == role
-                               and e.ts > killed_at, 60, f"a replacement {role} instance")
+            victim, killed_at, replaced_s = kill_and_wait_replaced("heal", role)
             failed = wait_audit("heal", lambda e: e.action == "failed" and e.detail["instance"] == victim.name,
                                 5, f"{victim.name} recorded as failed")
-            healing[role] = {"detected_s": round(failed.ts - killed_at, 2), "replaced_s": round(ready.ts - killed_at, 2)}
+            healing[role] = {"detected_s": round(failed.ts - killed_at, 2), "replaced_s": round(replaced_s, 2)}
             assert victim.name not in pids("heal")
         time.sleep(1.5)
     print(f"healing: {healing}; {len(load.results)} ok, errors: {load.errors}")
@@ -408,7 +421,7 @@ def test_a_trtllm_serve_deployment_scales_and_heals_under_load(deployment):
     timings = {}
     with Load(c) as load:
         for target in ("decode=2", "decode=1"):
-            time.sleep(1.0)
+            load.served(4)
             started = time.monotonic()
             assert trtpd(["scale", "serve", target, "--timeout-s", "120"]) == 0
             timings[target] = round(time.monotonic() - started, 2)
@@ -416,13 +429,10 @@ def test_a_trtllm_serve_deployment_scales_and_heals_under_load(deployment):
             while counts("serve")["decode"] != int(target[-1]) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert counts("serve")["decode"] == int(target[-1])
-        victim = next(i for i in load_fleet("serve").instances if i.role == "prefill")
-        killed_at = time.time()
-        os.kill(victim.server.pid, signal.SIGKILL)
-        ready = wait_audit("serve", lambda e: e.action == "ready" and e.detail["role"] == "prefill"
-                           and e.ts > killed_at, 60, "a replacement prefill worker")
-        timings["prefill replaced"] = round(ready.ts - killed_at, 2)
-        time.sleep(1.0)
+        load.served(4)
+        victim, _, replaced_s = kill_and_wait_replaced("serve", "prefill")
+        timings["prefill replaced"] = round(replaced_s, 2)
+        load.served(4)      # the replacement serves
     print(f"trtllm-serve timings: {timings}; {len(load.results)} requests under load, errors {load.errors}")
     assert load.errors == []
     assert [p for p, text in load.results if text != reference[p]] == []
@@ -456,7 +466,7 @@ def test_rollouts_on_trtllm_serve_roll_back_a_slow_revision_and_promote_a_good_o
         timeline["good"] = round(time.monotonic() - started, 2)
         after = pids("rs")
         assert after["prefill-0"] == before["prefill-0"] and "decode-0" not in after
-        time.sleep(1.0)
+        load.served(4)      # the promoted revision serves
     print(f"trtllm-serve rollout timelines (s): {timeline}; {len(load.results)} requests, errors {load.errors}")
     assert load.errors == []
     assert [p for p, text in load.results if text != reference[p]] == []
