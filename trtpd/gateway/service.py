@@ -81,9 +81,9 @@ class FleetService:
         now (best effort: the export's deadline frees them otherwise)."""
         endpoint = next((i.kv_endpoint for i in self.config.instances if i.name == instance), "")
         client = self.clients.get(instance)
-        if handle is not None and hasattr(client, "kv_handle"):   # trtllm-serve: the KV handle is its opaque state
+        if handle is not None and client is not None:
             handle = client.kv_handle(handle)
-            if handle is None:    # not trtpd's twin: the worker frees it at its kv_transfer_timeout_ms
+            if handle is None:    # e.g. a real trtllm-serve worker: it frees the export at its kv_transfer_timeout_ms
                 return
         from trtpd.kv.importer import give_up_best_effort
         asyncio.get_running_loop().run_in_executor(None, give_up_best_effort, self.key, handle, endpoint, request_id)

@@ -96,3 +96,8 @@ class RoleTransport(Protocol):
     async def close(self) -> None:
         """Closes the connection (after the last sub-request that uses it ended)."""
         ...
+
+    def kv_handle(self, handle: bytes) -> bytes | None:
+        """The KV export's handle inside a prefill's `handle` (what a give-up names to the exporter); None when
+        the instance's engine keeps no handle trtpd can name (it frees the export at its own timeout)."""
+        ...

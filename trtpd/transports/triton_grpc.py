@@ -89,6 +89,9 @@ class RoleClient:
     async def close(self) -> None:
         await self.client.close()
 
+    def kv_handle(self, handle: bytes) -> bytes | None:
+        return handle   # the role models' handle is the signed KV handle itself
+
     async def stream(self, request_id: str, request_type: str, prompt_ids: list[int], sampling: SamplingInputs,
                      handle: bytes | None = None) -> AsyncIterator[RoleChunk]:
         """Sends one request and yields its responses until the final one; cancels it if the consumer stops."""
