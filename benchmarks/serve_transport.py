@@ -29,6 +29,25 @@ import time
 from pathlib import Path
 
 
+PHASES = ("prefill_queue", "prefill_compute", "kv_transfer", "decode_queue")
+
+
+def breakdown(metrics_text: str) -> tuple[dict[str, float], dict[str, float], float]:
+    """The gateway's TTFT breakdown histogram (sum and count per phase) and KV bytes, from its /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    sums, counts, kv_bytes = {}, {}, 0.0
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            phase = sample.labels.get("phase")
+            if sample.name == "trtpd_gateway_ttft_breakdown_seconds_sum":
+                sums[phase] = sample.value
+            elif sample.name == "trtpd_gateway_ttft_breakdown_seconds_count":
+                counts[phase] = sample.value
+            elif sample.name == "trtpd_gateway_kv_transfer_bytes_total":
+                kv_bytes = sample.value
+    return sums, counts, kv_bytes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100, help="requests per path and fleet (default: %(default)s)")
@@ -70,8 +89,8 @@ def main() -> None:
             key = load_or_create_key_file(fleet.key_file)
             by_role = {i.role: i for i in fleet.instances}
             if name == "triton":
-                return [RoleClient(r, by_role[r].grpc_url, by_role[r].model, key, layerwise=False)
-                        for r in ("prefill", "decode")]
+                # as the gateway's own clients: layerwise KV transfer (the role models overlap it with prefill)
+                return [RoleClient(r, by_role[r].grpc_url, by_role[r].model, key) for r in ("prefill", "decode")]
             return [ServeClient(r, by_role[r].http_url, by_role[r].model, key) for r in ("prefill", "decode")]
 
         async def direct(prefill, decode, i: int) -> float:
@@ -124,6 +143,16 @@ def main() -> None:
             print(f"gateway overhead over {name}: {added * 1e3:.2f} ms per request (median difference)")
         diff = statistics.median(results["trtllm-serve"]["transport"]) - statistics.median(results["triton"]["transport"])
         print(f"trtllm-serve transport - Triton transport (two hops, median): {diff * 1e3:+.2f} ms")
+        time.sleep(1.0)     # the trtllm-serve gateway records a request once it has read the workers' records
+        print(f"\nTTFT breakdown through each gateway (mean per request, ms; the Triton role models report it on "
+              f"their responses, trtllm-serve workers at /perf_metrics)")
+        print(f"{'transport':<14}" + "".join(f"{p:>17}" for p in PHASES) + f"{'KV bytes':>10}{'requests':>10}")
+        for name, fleet in fleets.items():
+            text = httpx.get(f"http://127.0.0.1:{fleet.gateway['port']}/metrics", timeout=10).text
+            sums, counts, kv_bytes = breakdown(text)
+            n = counts.get("kv_transfer", 0)
+            print(f"{name:<14}" + "".join(f"{sums.get(p, 0) / max(1, counts.get(p, 0)) * 1e3:>17.3f}" for p in PHASES)
+                  + f"{kv_bytes / max(1, n):>10.0f}{n:>10.0f}")
 
         # a worker that joins the trtllm-serve fleet by registering with its gateway
         serve = fleets["trtllm-serve"]

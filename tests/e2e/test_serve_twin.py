@@ -17,6 +17,7 @@ import numpy as np
 import openai
 import pytest
 
+from trtpd.catalog import get_model
 from trtpd.engine import corpus
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.kv.auth import orchestrator_token
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.e2e
 START_TIMEOUT_S = 90.0
 CTX_YAML = ("cache_transceiver_config:\n  backend: UCX\n  kv_transfer_timeout_ms: 30000\n"
             "kv_cache_config:\n  dtype: fp16\n  free_gpu_memory_fraction: 0.2\n"
-            "disable_overlap_scheduler: true\nenable_iter_perf_stats: true\n")
+            "disable_overlap_scheduler: true\nenable_iter_perf_stats: true\n"
+            "return_perf_metrics: true\nperf_metrics_max_requests: 100\n")
 
 
 class Proc:
@@ -188,6 +190,72 @@ def test_the_workers_speak_trtllm_serves_disaggregated_protocol(serve_fleet):
     assert tokens[0] == params["first_gen_tokens"][0] and len(tokens) == 5
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def _metric(fleet, text: str) -> float:
+    """A sample's value from the gateway's /metrics (0 if absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    name, _, labels = text.partition("{")
+    want = dict(kv.split("=") for kv in labels.rstrip("}").replace('"', "").split(",")) if labels else {}
+    body = httpx.get(f"{fleet['gateway'].url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in want.items()):
+                return sample.value
+    return 0.0
+
+
+def test_the_ttft_breakdown_over_trtllm_serve_comes_from_the_workers_perf_metrics(serve_fleet):
+    """Each worker keeps a record per finished request (return_perf_metrics), handed out once at /perf_metrics in
+    upstream's shape, matched by ctx_request_id: the context worker's without KV fields, the generation worker's
+    with the bytes it pulled. Through the gateway the same records become the TTFT breakdown (prefill queue and
+    compute, decode queue, KV transfer and bytes) in its metrics and samples, read after each request finished."""
+    ids = list(range(3, 3 + 40))
+    body = {"model": "tiny-llama", "prompt": ids, "max_tokens": 3, "temperature": 0, "detokenize": False}
+    r = httpx.post(f"{serve_fleet['ctx'].url}/v1/completions", timeout=60, headers=_auth(serve_fleet, "context_only", ids),
+                   json={**body, "disaggregated_params": {"request_type": "context_only"}})
+    params = r.json()["choices"][0]["disaggregated_params"]
+    r = httpx.post(f"{serve_fleet['gen'].url}/v1/completions", timeout=60, headers=_auth(serve_fleet, "generation_only", ids),
+                   json={**body, "disaggregated_params": {**params, "request_type": "generation_only"}})
+    assert r.status_code == 200, r.text
+    kv_bytes = get_model("tiny-llama").kv_bytes_per_request(len(ids), "fp16")
+    records = {}
+    for worker in ("ctx", "gen"):
+        got = [x for x in httpx.get(f"{serve_fleet[worker].url}/perf_metrics", timeout=10).json()
+               if x.get("ctx_request_id") == params["ctx_request_id"]]
+        assert len(got) == 1, got
+        records[worker] = got[0]["perf_metrics"]
+        assert {"first_iter", "last_iter", "timing_metrics", "kv_cache_metrics"} <= set(records[worker])
+    ctx_t, gen_t = records["ctx"]["timing_metrics"], records["gen"]["timing_metrics"]
+    assert "kv_cache_size" not in ctx_t
+    assert ctx_t["arrival_time"] <= ctx_t["first_scheduled_time"] <= ctx_t["first_token_time"]
+    assert gen_t["kv_cache_size"] == kv_bytes
+    assert gen_t["arrival_time"] <= gen_t["kv_cache_transfer_start"] <= gen_t["kv_cache_transfer_end"] \
+        <= gen_t["first_token_time"] <= gen_t["last_token_time"]
+    assert [x for x in httpx.get(f"{serve_fleet['gen'].url}/perf_metrics", timeout=10).json()
+            if x.get("ctx_request_id") == params["ctx_request_id"]] == []         # handed out once
+    assert httpx.get(f"{serve_fleet['colo'].url}/perf_metrics", timeout=10).json() == []   # not enabled there
+
+    before = {phase: _metric(serve_fleet, f'trtpd_gateway_ttft_breakdown_seconds_count{{phase="{phase}"}}')
+              for phase in ("prefill_queue", "prefill_compute", "kv_transfer", "decode_queue")}
+    bytes_before = _metric(serve_fleet, "trtpd_gateway_kv_transfer_bytes_total")
+    since = time.time() - 1
+    client = openai.OpenAI(base_url=f"{serve_fleet['gateway'].url}/v1", api_key="unused", max_retries=0)
+    prompts = _prompts(serve_fleet["root"], [30, 300])
+    want_bytes = 0
+    for prompt in prompts:
+        got = client.completions.create(model="tiny-llama", prompt=prompt, max_tokens=3, temperature=0)
+        want_bytes += get_model("tiny-llama").kv_bytes_per_request(got.usage.prompt_tokens, "fp16")
+    deadline = time.monotonic() + 10      # recorded once the workers' records are read, after each response
+    while _metric(serve_fleet, "trtpd_gateway_kv_transfer_bytes_total") - bytes_before < want_bytes:
+        assert time.monotonic() < deadline, "the gateway recorded no KV transfer from the workers' records"
+        time.sleep(0.1)
+    assert _metric(serve_fleet, "trtpd_gateway_kv_transfer_bytes_total") - bytes_before == want_bytes
+    for phase, count in before.items():
+        assert _metric(serve_fleet, f'trtpd_gateway_ttft_breakdown_seconds_count{{phase="{phase}"}}') == count + 2
+    samples = [x for x in _samples(serve_fleet, since) if x["ok"]]
+    assert len(samples) >= 2 and all(x["prefill_queue_s"] is not None and x["decode_queue_s"] is not None
+                                     for x in samples[-2:])
 
 
 def test_worker_errors_are_flat_400_error_responses_and_requests_need_the_orchestrators_proof(serve_fleet):

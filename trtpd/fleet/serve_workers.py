@@ -30,10 +30,13 @@ SERVER_ROLE = {"prefill": "CONTEXT", "decode": "GENERATION"}    # --server_role 
 
 def llm_api_options(spec: ReferenceDeployment, role: str, config: EngineConfig, transceiver: str = "default") -> dict:
     """The role's --extra_llm_api_options (TensorRT-LLM 1.2.1's keys, docs/serve-twin.md): the KV dtype and block
-    size of the engine, a finite KV transfer timeout, the iteration stats the gateway's probe reads, and the
-    context servers' overlap scheduler off (upstream's disaggregated examples do so)."""
+    size of the engine, a finite KV transfer timeout, the iteration stats the gateway's probe reads, the
+    per-request records its TTFT breakdown reads, and the context servers' overlap scheduler off (upstream's
+    disaggregated examples do so)."""
+    from trtpd.schema.trtllm_serve import PERF_METRICS_MAX_REQUESTS
     options: dict = {"kv_cache_config": {"dtype": config.kv_dtype.value, "tokens_per_block": config.tokens_per_block},
-                     "enable_iter_perf_stats": True}
+                     "enable_iter_perf_stats": True, "return_perf_metrics": True,
+                     "perf_metrics_max_requests": PERF_METRICS_MAX_REQUESTS}
     if role in SERVER_ROLE:
         options["cache_transceiver_config"] = {"backend": transceiver.upper(),
                                                "kv_transfer_timeout_ms": spec.kv_transfer_timeout_ms}

@@ -29,6 +29,7 @@ from trtpd.schema.request_sample import RequestSample
 from trtpd.routing.core import InstanceView, Router, RoutingPolicy
 
 MAX_SAMPLES = 20000     # recent finished requests kept for the controller's rollout gate (GET /admin/requests)
+PERF_WAIT_S = 2.0       # how long a finished request's metrics wait for timings its instances report afterwards
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class FleetService:
         self.num_routed = 0
         self._fleet_stamp: tuple[int, int] | None = None
         self._closing: list[tuple[RoleTransport, float]] = []   # removed instances' clients, since when
+        self._finishing: set[asyncio.Task] = set()   # finished requests waiting for their instances' timings
         from trtpd.gateway.cluster_store import ClusterStore
         self.cluster = ClusterStore()                 # trtllm-serve workers registered with this gateway
         self._static: tuple[InstanceTarget, ...] = config.instances   # fleet.json's
@@ -91,6 +93,8 @@ class FleetService:
     async def stop(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
+        for task in list(self._finishing):
+            task.cancel()
         for client in [*self.clients.values(), *(c for c, _ in self._closing)]:
             await client.close()
 
@@ -307,23 +311,52 @@ class FleetService:
 
     # ---- per-request metrics -----------------------------------------------------------------
     def sample(self, timing: RequestTiming, revision: int, error_kind: str | None, instances: tuple[str, str],
-               num_prompt_tokens: int = 0, perf: dict[str, float] | None = None) -> None:
+               num_prompt_tokens: int = 0, perf: dict[str, float] | None = None,
+               ended_s: float | None = None) -> None:
         """One finished request for the controller's gate and autoscaler (wall-clock time, so the controller can
-        window it)."""
+        window it; ended_s: when it ended, monotonic, default now)."""
         gaps = timing.gaps_s
         perf = perf or {}
         self.samples.append(RequestSample(
-            t=time.time(), revision=revision, ok=error_kind is None, error_kind=error_kind, ttft_s=timing.ttft_s,
+            t=time.time() - (0.0 if ended_s is None else max(0.0, time.monotonic() - ended_s)), revision=revision, ok=error_kind is None, error_kind=error_kind, ttft_s=timing.ttft_s,
             tpot_s=timing.tpot_s, num_tokens=len(timing.token_times_s), num_prompt_tokens=num_prompt_tokens,
             prefill_queue_s=perf.get("prefill_queue_s"), decode_queue_s=perf.get("decode_queue_s"),
             itl_p50_s=quantile(gaps, 0.5), itl_p90_s=quantile(gaps, 0.9), itl_max_s=max(gaps, default=None),
             prefill_instance=instances[0], decode_instance=instances[1]))
 
+    def timings_later(self, where: tuple[str, str], sub_requests: tuple[str, str]) -> list[tuple[RoleTransport, str]]:
+        """The (client, sub-request) pairs of a finished request whose instances report timings only afterwards
+        (trtllm-serve's /perf_metrics)."""
+        out = []
+        for instance, sub in zip(where, sub_requests):
+            client = self.clients.get(instance) if instance and sub else None
+            if client is not None and client.reports_perf_later:
+                out.append((client, sub))
+        return out
+
+    def finish_later(self, pending: list[tuple[RoleTransport, str]], finish) -> None:
+        """Runs `finish(perf)` once the instances' timings of a finished request are read (bounded: what has not
+        come within PERF_WAIT_S is left out), off the request's path."""
+        async def gather() -> None:
+            perf: dict[str, float] = {}
+            try:
+                parts = await asyncio.wait_for(asyncio.gather(*(c.request_perf(sub) for c, sub in pending)),
+                                               PERF_WAIT_S)
+                for part in parts:
+                    perf.update(part)
+            except asyncio.TimeoutError:
+                log.info("instance timings not read within %.1f s; the request is recorded without them", PERF_WAIT_S)
+            finish(perf)
+        task = asyncio.get_running_loop().create_task(gather())
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
     def samples_since(self, since_s: float) -> list[RequestSample]:
         return [s for s in self.samples if s.t >= since_s]
 
-    def record(self, timing: RequestTiming, perf: dict[str, float]) -> None:
-        m, now = self.metrics, time.monotonic()
+    def record(self, timing: RequestTiming, perf: dict[str, float], ended_s: float | None = None) -> None:
+        """ended_s: when the request ended (monotonic; default now)."""
+        m, now = self.metrics, time.monotonic() if ended_s is None else ended_s
         if timing.ttft_s is not None:
             m.ttft.observe(timing.ttft_s)
         for gap in timing.gaps_s:
@@ -360,6 +393,7 @@ class ServedRequest:
         self.timing = RequestTiming(time.monotonic() if arrival_s is None else arrival_s)
         self.perf: dict[str, float] = {}
         self.where = ("", "")                 # (prefill instance, decode or colocated instance)
+        self.sub_requests = ("", "")          # the sub-requests' ids there
         self.error_kind: str | None = "cancelled"   # until it fails with a kind or its consumer says it succeeded
         self.cohort = None
         self._steps = None          # the orchestrator's generator
@@ -380,6 +414,7 @@ class ServedRequest:
         try:
             async for out in self._steps:
                 self.where = (out.prefill_instance or "", out.decode_instance or "")
+                self.sub_requests = out.sub_requests
                 if out.token_ids:
                     self.timing.add_tokens(len(out.token_ids), time.monotonic())
                 self.perf.update(out.perf)
@@ -391,6 +426,15 @@ class ServedRequest:
             self.error_kind = "internal"
             raise
 
+    def _finish(self, perf: dict[str, float], ended_s: float) -> None:
+        """Its metrics and sample, with the timings the instances reported (on its chunks, or afterwards)."""
+        perf = {**self.perf, **perf}
+        if self.error_kind is None:
+            self.service.record(self.timing, perf, ended_s)
+        # the revision that served it (a request the split handed to the other cohort counts there)
+        self.service.sample(self.timing, self.cohort.revision if self.cohort else 0, self.error_kind,
+                            self.where, len(self.prompt_ids), perf, ended_s)
+
     def succeeded(self) -> None:
         """Its consumer got what it asked for (the last token, or a stop string ended it early)."""
         self.error_kind = None
@@ -400,11 +444,12 @@ class ServedRequest:
             return
         self._closed = True
         try:
-            if self.error_kind is None:
-                self.service.record(self.timing, self.perf)
-            # the revision that served it (a request the split handed to the other cohort counts there)
-            self.service.sample(self.timing, self.cohort.revision if self.cohort else 0, self.error_kind,
-                                self.where, len(self.prompt_ids), self.perf)
+            ended_s = time.monotonic()
+            later = self.service.timings_later(self.where, self.sub_requests) if self.error_kind is None else []
+            if later:    # trtllm-serve: the TTFT breakdown is read from the workers once they have recorded it
+                self.service.finish_later(later, lambda perf: self._finish(perf, ended_s))
+            else:
+                self._finish({}, ended_s)
             if self._iterating is not None:
                 await self._iterating.aclose()
             if self._steps is not None:   # cancels the instances' streams if it stopped early

@@ -41,6 +41,9 @@ class Generated:
     prefill_instance: str | None = None
     decode_instance: str | None = None
     generation_logits: list = field(default_factory=list)   # the role instances' logits pieces for these tokens
+    # the sub-requests' ids on prefill_instance and decode_instance ("" where none): what a transport that reports
+    # a request's timings after it finished (RoleTransport.request_perf) is asked about
+    sub_requests: tuple[str, str] = ("", "")
 
 
 class Orchestrator:
@@ -116,7 +119,7 @@ class Orchestrator:
                 self.router.prefill_done(request_id)
                 if first and self.first_token_at == "prefill":
                     sent = first
-                    yield Generated(list(first), dict(perf), prefill.instance, None, logits)
+                    yield Generated(list(first), dict(perf), prefill.instance, None, logits, (sub_id, ""))
                     logits = []
                 repeat = list(first)      # decode streams prefill's token(s) again: dropped when already sent
                 # the KV is on prefill.instance: a cohort that now excludes it has no decode that can read it
@@ -131,9 +134,10 @@ class Orchestrator:
                 if decode is None:
                     raise OrchestratorError("no decode instance can take this request now; retry later", "unavailable")
                 held.add(decode.instance)
+                decode_sub = f"{request_id}-d{attempt}"
                 try:
                     async with aclosing(self.clients[decode.instance].stream(
-                            f"{request_id}-d{attempt}", "generation_only", ids, sampling, handle=handle)) as chunks:
+                            decode_sub, "generation_only", ids, sampling, handle=handle)) as chunks:
                         async for chunk in chunks:
                             tokens = chunk.token_ids
                             if tokens and not streamed:
@@ -146,7 +150,7 @@ class Orchestrator:
                                 logits = logits + [chunk.generation_logits]
                             if tokens or chunk.final or logits:   # prefill's own timings over decode's view
                                 yield Generated(tokens, {**chunk.perf, **perf}, prefill.instance, decode.instance,
-                                                logits)
+                                                logits, (sub_id, decode_sub))
                                 logits = []
                     return
                 except RoleError as exc:
@@ -245,8 +249,8 @@ class Orchestrator:
             streamed = False
             held = _Holds(self.holds, route.instance)
             try:
-                async with aclosing(self.clients[route.instance].stream(f"{request_id}-c{attempt}", "", ids,
-                                                                         sampling)) as chunks:
+                sub_id = f"{request_id}-c{attempt}"
+                async with aclosing(self.clients[route.instance].stream(sub_id, "", ids, sampling)) as chunks:
                     async for chunk in chunks:
                         if chunk.token_ids and not streamed:
                             self.router.prefill_done(request_id)
@@ -254,7 +258,7 @@ class Orchestrator:
                         logits = [] if chunk.generation_logits is None else [chunk.generation_logits]
                         if chunk.token_ids or chunk.final or logits:
                             streamed = streamed or bool(chunk.token_ids)
-                            yield Generated(chunk.token_ids, chunk.perf, None, route.instance, logits)
+                            yield Generated(chunk.token_ids, chunk.perf, None, route.instance, logits, ("", sub_id))
                 return
             except RoleError as exc:
                 if streamed:

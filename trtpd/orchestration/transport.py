@@ -97,6 +97,15 @@ class RoleTransport(Protocol):
         """Closes the connection (after the last sub-request that uses it ended)."""
         ...
 
+    # True: the instance reports a sub-request's timings only after it finished (request_perf); False: they come
+    # on its chunks (RoleChunk.perf)
+    reports_perf_later: bool
+
+    async def request_perf(self, request_id: str) -> dict[str, float]:
+        """The TTFT phases (trtpd/perf_outputs.py's seconds keys) the instance measured for this finished
+        sub-request; {} when it has none (never raises)."""
+        ...
+
     def kv_handle(self, handle: bytes) -> bytes | None:
         """The KV export's handle inside a prefill's `handle` (what a give-up names to the exporter); None when
         the instance's engine keeps no handle trtpd can name (it frees the export at its own timeout)."""

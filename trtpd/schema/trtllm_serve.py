@@ -143,3 +143,86 @@ class WorkerInfo:
 
 def workers_prefix(cluster_name: str) -> str:
     return f"{CLUSTER_KEY_PREFIX}/{cluster_name}/workers"
+
+
+# what trtpd's worker YAML sets perf_metrics_max_requests to: records kept between two reads (the gateway reads
+# after each request finishes; a record is a few hundred bytes)
+PERF_METRICS_MAX_REQUESTS = 4096
+
+
+# ---- /perf_metrics (openai_server.py get_perf_metrics / _extract_metrics; llm_args.py return_perf_metrics,
+# perf_metrics_max_requests): one record per finished request, handed out once. Times are the worker's steady clock
+# in seconds plus the offset the router set (POST /steady_clock_offset); kv_cache_* only when KV was transferred.
+@dataclass(frozen=True)
+class RequestTimings:
+    """A record's `timing_metrics` (RequestPerfMetrics.TimingMetrics), seconds."""
+
+    arrival_time: float
+    first_scheduled_time: float
+    first_token_time: float
+    last_token_time: float
+    kv_cache_size: int = 0                       # bytes; 0: no KV transfer, the kv_cache_transfer_* are absent
+    kv_cache_transfer_start: float | None = None
+    kv_cache_transfer_end: float | None = None
+
+    def to_dict(self, offset_s: float = 0.0, server_arrival_time: float | None = None,
+                server_first_token_time: float | None = None) -> dict:
+        out = {"server_arrival_time": None if server_arrival_time is None else server_arrival_time + offset_s,
+               "arrival_time": self.arrival_time + offset_s,
+               "first_scheduled_time": self.first_scheduled_time + offset_s,
+               "first_token_time": self.first_token_time + offset_s,
+               "server_first_token_time": None if server_first_token_time is None
+               else server_first_token_time + offset_s,
+               "last_token_time": self.last_token_time + offset_s}
+        if self.kv_cache_size > 0:
+            out.update(kv_cache_size=self.kv_cache_size, kv_cache_transfer_start=self.kv_cache_transfer_start + offset_s,
+                       kv_cache_transfer_end=self.kv_cache_transfer_end + offset_s)
+        return out
+
+
+def perf_record(request_id: int, ctx_request_id: int | None, timings: RequestTimings, first_iter: int,
+                last_iter: int, offset_s: float = 0.0, server_arrival_time: float | None = None,
+                server_first_token_time: float | None = None, num_blocks: int = 0) -> dict:
+    """One `/perf_metrics` entry as upstream writes it (ctx_request_id only for a disaggregated request)."""
+    record = {"request_id": request_id, "perf_metrics": {
+        "first_iter": first_iter, "last_iter": last_iter,
+        "timing_metrics": timings.to_dict(offset_s, server_arrival_time, server_first_token_time),
+        "kv_cache_metrics": {"num_total_allocated_blocks": num_blocks, "num_new_allocated_blocks": num_blocks,
+                             "num_reused_blocks": 0, "num_missed_blocks": num_blocks}}}
+    if ctx_request_id is not None:
+        record["ctx_request_id"] = ctx_request_id
+    return record
+
+
+def read_perf_record(item: object) -> tuple[int, RequestTimings] | None:
+    """(ctx_request_id, timings) of a `/perf_metrics` entry; None for one of a request that was not disaggregated,
+    or one not in upstream's shape."""
+    try:
+        t = item["perf_metrics"]["timing_metrics"]
+        ctx_request_id = item.get("ctx_request_id")
+        if ctx_request_id is None:
+            return None
+        size = int(t.get("kv_cache_size") or 0)
+        return int(ctx_request_id), RequestTimings(
+            float(t["arrival_time"]), float(t["first_scheduled_time"]), float(t["first_token_time"]),
+            float(t["last_token_time"]), size, float(t["kv_cache_transfer_start"]) if size else None,
+            float(t["kv_cache_transfer_end"]) if size else None)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def context_phase_perf(t: RequestTimings) -> dict[str, float]:
+    """A context server's record as trtpd's TTFT phases (trtpd/perf_outputs.py names): queued until first
+    scheduled, then computing until its first token."""
+    return {"prefill_queue_s": max(0.0, t.first_scheduled_time - t.arrival_time),
+            "prefill_compute_s": max(0.0, t.first_token_time - t.first_scheduled_time)}
+
+
+def generation_phase_perf(t: RequestTimings) -> dict[str, float]:
+    """A generation server's record as trtpd's TTFT phases: queued until its KV transfer started (until first
+    scheduled when it transferred none), the transfer, and the bytes moved."""
+    if t.kv_cache_size <= 0 or t.kv_cache_transfer_start is None or t.kv_cache_transfer_end is None:
+        return {"decode_queue_s": max(0.0, t.first_scheduled_time - t.arrival_time)}
+    return {"decode_queue_s": max(0.0, t.kv_cache_transfer_start - t.arrival_time),
+            "kv_transfer_s": max(0.0, t.kv_cache_transfer_end - t.kv_cache_transfer_start),
+            "kv_transfer_bytes": float(t.kv_cache_size)}

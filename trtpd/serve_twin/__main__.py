@@ -56,7 +56,8 @@ def build_worker(opts):
     holder: list = []
     engine = AsyncEngine(loaded, name=f"twin-{opts.role}", on_output=lambda: holder[0].record_iteration(),
                          step_delay_s=opts.step_delay_ms / 1000.0)
-    worker = TwinWorker(engine, name, opts.role, key, iter_stats=opts.iter_perf_stats)
+    worker = TwinWorker(engine, name, opts.role, key, iter_stats=opts.iter_perf_stats,
+                        perf_metrics_max_requests=opts.perf_metrics_max_requests)
     holder.append(worker)
     return worker
 

@@ -1,7 +1,8 @@
 """The twin worker's HTTP API, in trtllm-serve's shapes (tensorrt_llm/serve/openai_server.py, TensorRT-LLM 1.2.1).
 
 Routes: /health (200, empty), /version, /v1/models, /metrics (the iteration stats since the last read, a JSON list,
-and only with `enable_iter_perf_stats: true`, as upstream), GET/POST /steady_clock_offset (upstream's router
+and only with `enable_iter_perf_stats: true`, as upstream), /perf_metrics (a record per finished request since the
+last read, only with `return_perf_metrics: true` and `perf_metrics_max_requests` > 0), GET/POST /steady_clock_offset (upstream's router
 calls both on every worker it adds), and /v1/completions, whose `disaggregated_params` pick the phase:
 - context_only: prefill; the answer (not streamed) carries `prompt_token_ids` and, on its one choice,
   `disaggregated_params` {request_type, first_gen_tokens, ctx_request_id, encoded_opaque_state, draft_tokens},
@@ -36,7 +37,7 @@ from trtpd.detokenize import text_delta
 from trtpd.engine.request import EngineOutput, EngineRequest, RequestError, RequestType
 from trtpd.engine.sampler import SamplingParams
 from trtpd.schema.trtllm_serve import (AUTH_HEADER, CONTEXT_ONLY, GENERATION_ONLY, DisaggregatedParams,
-                                       ProtocolError, encode_opaque_state, error_body)
+                                       ProtocolError, RequestTimings, encode_opaque_state, error_body, perf_record)
 from trtpd.serve_twin.engine_bridge import AsyncEngine
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,38 @@ class TwinError(Exception):
         self.status = status
 
 
+class _Times:
+    """What a request's /perf_metrics record needs, gathered as its outputs pass (steady clock, seconds)."""
+
+    def __init__(self, arrival_s: float) -> None:
+        self.arrival_s = arrival_s
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.first_iter = self.last_iter = -1
+        self.perf: dict[str, float] = {}
+
+    def saw(self, out: EngineOutput, now_s: float, step: int) -> None:
+        self.perf.update(out.perf)
+        if out.new_token_ids or out.finished:
+            if self.first_token_s is None:
+                self.first_token_s, self.first_iter = now_s, step
+            self.last_token_s, self.last_iter = now_s, step
+
+    def timings(self) -> RequestTimings:
+        """The engine's phases on this request's clock: a context request queued, then computed until its token;
+        a generation request queued until its KV pull started, pulled (the pull's whole wall time), then
+        generated."""
+        first = self.first_token_s if self.first_token_s is not None else self.arrival_s
+        last = self.last_token_s if self.last_token_s is not None else first
+        p = self.perf
+        if "kv_transfer_s" in p:
+            start = self.arrival_s + p.get("decode_queue_s", 0.0)
+            end = min(first, start + p["kv_transfer_s"] + p.get("prefill_compute_s", 0.0))
+            return RequestTimings(self.arrival_s, start, first, last, int(p.get("kv_bytes", 0)), start, end)
+        scheduled = min(first, self.arrival_s + p.get("prefill_queue_s", p.get("decode_queue_s", 0.0)))
+        return RequestTimings(self.arrival_s, scheduled, first, last)
+
+
 def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse(error_body(message, status), status_code=status)
 
@@ -115,7 +148,7 @@ class TwinWorker:
     """One worker: its engine, tokenizer, stats and the deployment key (None: requests are not authenticated)."""
 
     def __init__(self, engine: AsyncEngine, model_name: str, role: str, key: bytes | None,
-                 iter_stats: bool = False) -> None:
+                 iter_stats: bool = False, perf_metrics_max_requests: int = 0) -> None:
         self.engine = engine
         self.tokenizer = engine.loaded.tokenizer
         self.model_name = model_name
@@ -123,6 +156,10 @@ class TwinWorker:
         self.key = key
         self.iter_stats = iter_stats
         self.stats: deque[dict] = deque(maxlen=MAX_ITER_STATS)
+        # return_perf_metrics with perf_metrics_max_requests > 0: the newest records, else none (upstream's deque)
+        self.perf_max = perf_metrics_max_requests
+        self.perf_records: deque[dict] | None = deque(maxlen=self.perf_max) if self.perf_max > 0 else None
+        self._perf_ids = itertools.count(1)
         self._ids = itertools.count(1)       # ctx_request_id: the executor's request ids are integers
         self._last_step = -1
         self.clock_offset_s = 0.0
@@ -195,10 +232,44 @@ class TwinWorker:
             self.engine.validate(engine_req)
         except Exception as exc:     # RequestError, a forged/expired handle, a layout mismatch: all 400 upstream
             raise TwinError(str(exc)) from None
-        outputs = self.engine.generate(engine_req)
+        times = _Times(engine_req.arrival_s)
+        outputs = self._timed(self.engine.generate(engine_req), times)
         if engine_req.request_type is RequestType.CONTEXT_ONLY or not req.stream:
-            return await self._whole(req, engine_req, outputs, request)
-        return await self._streamed(req, engine_req, outputs, request)
+            return await self._whole(req, engine_req, disagg, outputs, request, times)
+        return await self._streamed(req, engine_req, disagg, outputs, request, times)
+
+    async def _timed(self, outputs: AsyncIterator[EngineOutput], times: _Times) -> AsyncIterator[EngineOutput]:
+        try:
+            async for out in outputs:
+                times.saw(out, time.monotonic(), self.engine.engine_loop.num_steps)
+                yield out
+        finally:
+            await outputs.aclose()     # closing this aborts the request in the engine, as closing `outputs` does
+
+    def add_perf(self, engine_req: EngineRequest, ctx_request_id: int | None, times: _Times,
+                 answered_s: float) -> None:
+        """A finished request's /perf_metrics record (openai_server.py _extract_metrics: only with
+        return_perf_metrics and perf_metrics_max_requests > 0)."""
+        if self.perf_records is None:
+            return
+        blocks = self.engine.loaded.config.tokens_per_block
+        num_blocks = -(-len(engine_req.prompt_token_ids) // blocks) if blocks else 0
+        self.perf_records.append(perf_record(
+            next(self._perf_ids), ctx_request_id, times.timings(), max(0, times.first_iter), max(0, times.last_iter),
+            0.0, engine_req.arrival_s, answered_s, num_blocks))
+
+    def drain_perf(self) -> list[dict]:
+        """GET /perf_metrics: every record since the last read, the router's clock offset added, then none."""
+        if self.perf_records is None:
+            return []
+        out = list(self.perf_records)
+        self.perf_records.clear()
+        for record in out:
+            timing = record["perf_metrics"]["timing_metrics"]
+            for key, value in timing.items():
+                if isinstance(value, float):
+                    timing[key] = value + self.clock_offset_s
+        return out
 
     async def _collect(self, outputs, request: Request, request_id: str) -> tuple[list[int], EngineOutput | None,
                                                                                bytes | None]:
@@ -228,7 +299,8 @@ class TwinWorker:
             if not task.done():
                 task.cancel()
 
-    async def _whole(self, req: ServeCompletionRequest, engine_req: EngineRequest, outputs, request: Request):
+    async def _whole(self, req: ServeCompletionRequest, engine_req: EngineRequest, disagg: DisaggregatedParams | None,
+                     outputs, request: Request, times: _Times):
         tokens, last, handle = await self._collect(outputs, request, engine_req.request_id)
         if last is None or last.finish_reason == "cancelled":
             raise TwinError(f"request {engine_req.request_id} was aborted")
@@ -238,18 +310,22 @@ class TwinWorker:
         body: dict[str, Any] = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
                                 "created": int(time.time()), "model": self.model_name, "choices": [choice],
                                 "usage": self._usage(engine_req, len(tokens)), "prompt_token_ids": None}
+        ctx_request_id = disagg.ctx_request_id if disagg is not None else None
         if engine_req.request_type is RequestType.CONTEXT_ONLY:
             # the context phase done, the request goes on at a generation server unless it ended here
+            ctx_request_id = next(self._ids)
             choice["finish_reason"] = last.finish_reason or "not_finished"
             choice["disaggregated_params"] = DisaggregatedParams(
-                CONTEXT_ONLY, list(tokens), next(self._ids), encode_opaque_state(handle) if handle else None,
+                CONTEXT_ONLY, list(tokens), ctx_request_id, encode_opaque_state(handle) if handle else None,
                 None).to_dict()
             body["prompt_token_ids"] = engine_req.prompt_token_ids
         else:
             choice["finish_reason"] = last.finish_reason
+        self.add_perf(engine_req, ctx_request_id, times, time.monotonic())   # before the answer, as upstream
         return JSONResponse(body)
 
-    async def _streamed(self, req: ServeCompletionRequest, engine_req: EngineRequest, outputs, request: Request):
+    async def _streamed(self, req: ServeCompletionRequest, engine_req: EngineRequest,
+                        disagg: DisaggregatedParams | None, outputs, request: Request, times: _Times):
         # the first output decides the status: a KV pull or validation that fails is a 400, not a broken stream
         first = await anext(outputs)
         if first.error is not None:
@@ -261,6 +337,7 @@ class TwinWorker:
         async def body() -> AsyncIterator[bytes]:
             sent: list[int] = []
             out: EngineOutput | None = first
+            first_sent_s = None
             try:
                 while out is not None:
                     if out.error is not None:
@@ -271,6 +348,7 @@ class TwinWorker:
                                  "logprobs": None, "finish_reason": out.finish_reason if out.finished else None,
                                  "stop_reason": None, "avg_decoded_tokens_per_iter": None}
                         sent += out.new_token_ids
+                        first_sent_s = first_sent_s or time.monotonic()
                         yield _sse({"id": response_id, "object": "text_completion", "created": int(time.time()),
                                     "model": self.model_name, "choices": [chunk], "usage": None})
                     if out.finished:
@@ -281,6 +359,9 @@ class TwinWorker:
                                 "model": self.model_name, "choices": [],
                                 "usage": self._usage(engine_req, len(sent))})
                 yield b"data: [DONE]\n\n"
+                # after [DONE] and before the body ends, as upstream's generator does
+                self.add_perf(engine_req, disagg.ctx_request_id if disagg is not None else None, times,
+                              first_sent_s or time.monotonic())
             finally:
                 await outputs.aclose()     # a client gone mid-stream: the engine aborts the request
 
@@ -355,6 +436,10 @@ def create_app(worker: TwinWorker) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         return JSONResponse(worker.drain_stats())
+
+    @app.get("/perf_metrics")
+    async def perf_metrics():
+        return JSONResponse(worker.drain_perf())
 
     @app.get("/steady_clock_offset")
     async def steady_clock_offset():

@@ -47,6 +47,7 @@ class TwinOptions:
     kv_transfer_timeout_ms: int | None = None    # None: no timeout (1.2.1's default)
     kv_dtype: str | None = None       # kv_cache_config.dtype as asked (checked against the engine's)
     iter_perf_stats: bool = False     # enable_iter_perf_stats: /metrics returns iteration stats only with it
+    perf_metrics_max_requests: int = 0   # /perf_metrics keeps this many records; 0 (or no return_perf_metrics): none
     tokens_per_block: int | None = None
     key_file: Path | None = None      # the twin's own: the deployment key (handles, KV pulls, the orchestrator)
     kv_host: str = "127.0.0.1"
@@ -121,6 +122,7 @@ def parse_args(argv: list[str]) -> TwinOptions:
                        tokenizer=args.tokenizer, kv_transport=llm.kv_transport,
                        kv_transfer_timeout_ms=llm.kv_transfer_timeout_ms, kv_dtype=llm.kv_dtype,
                        iter_perf_stats=llm.iter_perf_stats,
+                       perf_metrics_max_requests=llm.perf_metrics_max_requests if llm.return_perf_metrics else 0,
                        tokens_per_block=llm.tokens_per_block, key_file=args.twin_key_file,
                        kv_host=args.twin_kv_host, ignored=tuple(ignored + list(llm.ignored)),
                        served_model_name=args.served_model_name, cluster=cluster, state_file=args.twin_state_file,
@@ -157,6 +159,8 @@ class LlmApiOptions:
     kv_dtype: str | None = None
     tokens_per_block: int | None = None
     iter_perf_stats: bool = False
+    return_perf_metrics: bool = False
+    perf_metrics_max_requests: int = 0
     ignored: tuple[str, ...] = field(default_factory=tuple)
     cluster: DisaggClusterOptions | None = None
 
@@ -183,15 +187,23 @@ def llm_api_options(data: dict, source: str = "extra_llm_api_options") -> LlmApi
     dtype = kv_cache.get("dtype")
     ignored += [f"cache_transceiver_config.{k}" for k in transceiver if k not in ("backend", "kv_transfer_timeout_ms")]
     ignored += [f"kv_cache_config.{k}" for k in kv_cache if k not in ("dtype", "tokens_per_block")]
-    stats = data.get("enable_iter_perf_stats", False)
-    if not isinstance(stats, bool):
-        raise ConfigError(f"{source}: enable_iter_perf_stats must be true or false, got {stats!r}")
+    flags = {}
+    for key in ("enable_iter_perf_stats", "return_perf_metrics"):
+        flags[key] = data.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise ConfigError(f"{source}: {key} must be true or false, got {flags[key]!r}")
+    # llm_args.py: perf_metrics_max_requests is a NonNegativeInt (the /perf_metrics deque's maxlen)
+    max_records = data.get("perf_metrics_max_requests", 0)
+    if not isinstance(max_records, int) or isinstance(max_records, bool) or max_records < 0:
+        raise ConfigError(f"{source}: perf_metrics_max_requests must be a non-negative integer, got {max_records!r}")
     # serve.py pops a top-level disagg_cluster before the rest become LLM args
     cluster = DisaggClusterOptions.from_dict(data["disagg_cluster"], source) if "disagg_cluster" in data else None
-    used = ("cache_transceiver_config", "kv_cache_config", "enable_iter_perf_stats", "disagg_cluster")
+    used = ("cache_transceiver_config", "kv_cache_config", "enable_iter_perf_stats", "disagg_cluster",
+            "return_perf_metrics", "perf_metrics_max_requests")
     ignored += [k for k in data if k not in used]
     return LlmApiOptions(KV_BACKENDS[backend], timeout, None if dtype in (None, "auto") else str(dtype),
-                         tokens_per_block, stats, tuple(ignored), cluster)
+                         tokens_per_block, flags["enable_iter_perf_stats"], flags["return_perf_metrics"], max_records,
+                         tuple(ignored), cluster)
 
 
 def read_llm_api_options(path: Path) -> LlmApiOptions:

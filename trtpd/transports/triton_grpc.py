@@ -89,6 +89,11 @@ class RoleClient:
     async def close(self) -> None:
         await self.client.close()
 
+    reports_perf_later = False    # the role models' timings come on their responses (perf outputs)
+
+    async def request_perf(self, request_id: str) -> dict[str, float]:
+        return {}
+
     def kv_handle(self, handle: bytes) -> bytes | None:
         return handle   # the role models' handle is the signed KV handle itself
 

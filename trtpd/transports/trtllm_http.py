@@ -16,6 +16,12 @@ Every request asks `detokenize: false`, so each choice carries `token_ids` (the 
 `ignore_eos` when the orchestrator sends end_id -1 (trtllm-serve stops at its tokenizer's EOS otherwise).
 A client's `disaggregated_params` never reach here: the gateway's schemas refuse the field.
 
+Timings: a worker started with `return_perf_metrics` keeps a record per finished request, handed out once at
+`/perf_metrics` (openai_server.py `get_perf_metrics`; trtpd/schema/trtllm_serve.py). `request_perf` reads them after
+the sub-request ended (one read serves every sub-request that finished before it started) and matches them by
+ctx_request_id: the context worker's become the prefill queue and compute, the generation worker's the decode queue
+and the KV transfer (time and bytes) of the gateway's TTFT breakdown.
+
 Errors: trtllm-serve answers every failed request 400 with a flat ErrorResponse (`create_error_response`,
 openai_server.py), a KV transfer that failed as much as a bad field, so a 4xx for a request the gateway validated
 is a server fault ("internal": retried elsewhere); a worker that cannot be reached, or a 5xx, is "unavailable".
@@ -23,9 +29,11 @@ is a server fault ("internal": retried elsewhere); a worker that cannot be reach
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 
 import httpx
@@ -35,11 +43,13 @@ from trtpd.kv.auth import orchestrator_token
 from trtpd.orchestration.transport import RoleChunk, RoleError, SamplingInputs
 from trtpd.routing.core import InstanceView
 from trtpd.schema.trtllm_serve import (AUTH_HEADER, CONTEXT_ONLY, GENERATION_ONLY, GO_ON_TO_GENERATION,
-                                       DisaggregatedParams, ProtocolError, error_message)
+                                       DisaggregatedParams, ProtocolError, RequestTimings, context_phase_perf,
+                                       error_message, generation_phase_perf, read_perf_record)
 
 CONNECT_TIMEOUT_S = 5.0
 UNKNOWN_FREE_BLOCKS = 1 << 30      # a worker that has run no iteration yet: empty, its size not yet known
 METRICS_TIMEOUT_S = 1.0
+MAX_PERF_KEPT = 4096       # sub-requests whose timings are awaited, and records read but not yet asked for
 
 
 def request_body(model: str, prompt_ids: list[int], sampling: SamplingInputs, stream: bool,
@@ -109,12 +119,85 @@ class ServeClient:
         # no read timeout: a long generation streams for minutes; the orchestrator cancels by closing the stream
         self.client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S))
         self._view: InstanceView | None = None
+        # /perf_metrics: sub-request id -> [ctx_request_id, phase, when it finished here]; records read, by
+        # ctx_request_id (a list: the ids are per context worker, so two of them can name the same one; the oldest
+        # record is taken first)
+        self._awaited: OrderedDict[str, list] = OrderedDict()
+        self._records: dict[int, deque[RequestTimings]] = {}
+        self._num_records = 0
+        self._perf_lock = asyncio.Lock()
+        self._perf_read_s = float("-inf")
+
+    reports_perf_later = True   # upstream's /perf_metrics: a record once a request finished, handed out once
 
     async def close(self) -> None:
         await self.client.aclose()
 
     def kv_handle(self, handle: bytes) -> bytes | None:
         return opaque_state(handle)
+
+    # ---- timings: upstream's /perf_metrics (needs return_perf_metrics and perf_metrics_max_requests > 0) -------
+    def _await_perf(self, request_id: str, ctx_request_id: int | None, phase: str) -> None:
+        if ctx_request_id is None:
+            return
+        self._awaited[request_id] = [int(ctx_request_id), phase, time.monotonic()]
+        while len(self._awaited) > MAX_PERF_KEPT:
+            self._awaited.popitem(last=False)
+
+    def _finished(self, request_id: str) -> None:
+        """The sub-request's answer ended here: the worker recorded it before (upstream appends the record before
+        the response ends), so any read that starts from now on finds it."""
+        if request_id in self._awaited:
+            self._awaited[request_id][2] = time.monotonic()
+
+    async def request_perf(self, request_id: str) -> dict[str, float]:
+        """The TTFT phases of a finished sub-request from the worker's /perf_metrics record of it: a context
+        worker's queue and compute, a generation worker's queue and KV transfer. One read hands out every record
+        since the last one, so reads are shared: those not asked for yet are kept. {} when the worker keeps no
+        records (return_perf_metrics off), does not answer, or another reader took this one."""
+        awaited = self._awaited.pop(request_id, None)
+        if awaited is None:
+            return {}
+        ctx_request_id, phase, finished_s = awaited
+        timings = self._take(ctx_request_id)
+        if timings is None:
+            await self._read_perf(finished_s)
+            timings = self._take(ctx_request_id)
+        if timings is None:
+            return {}
+        return context_phase_perf(timings) if phase == CONTEXT_ONLY else generation_phase_perf(timings)
+
+    def _take(self, ctx_request_id: int) -> RequestTimings | None:
+        kept = self._records.get(ctx_request_id)
+        if not kept:
+            return None
+        timings = kept.popleft()
+        self._num_records -= 1
+        if not kept:
+            del self._records[ctx_request_id]
+        return timings
+
+    async def _read_perf(self, finished_s: float) -> None:
+        """One GET /perf_metrics, unless one that started after `finished_s` already ran (waiting for it instead):
+        the records of sub-requests that finished together come from one read."""
+        async with self._perf_lock:
+            if self._perf_read_s >= finished_s:
+                return
+            self._perf_read_s = time.monotonic()
+            try:
+                r = await self.client.get("/perf_metrics", timeout=METRICS_TIMEOUT_S)
+                items = r.json() if r.status_code == 200 else []
+            except (httpx.HTTPError, ValueError):
+                return
+            for item in items if isinstance(items, list) else []:
+                record = read_perf_record(item)
+                if record is None:
+                    continue
+                self._records.setdefault(record[0], deque()).append(record[1])
+                self._num_records += 1
+            while self._num_records > MAX_PERF_KEPT:    # records nobody will ask for (failed requests, others')
+                oldest = next(iter(self._records))
+                self._take(oldest)
 
     def _headers(self, request_type: str, prompt_ids: list[int]) -> dict[str, str]:
         if self.key is None:
@@ -132,7 +215,9 @@ class ServeClient:
         if sampling.return_generation_logits:
             raise self._fail("trtllm-serve's OpenAI API does not return generation logits", "invalid_arg")
         if request_type == CONTEXT_ONLY:
-            yield await self._context(prompt_ids, sampling)
+            chunk = await self._context(prompt_ids, sampling)
+            self._await_perf(request_id, read_handle(chunk.handle, self.name)[0].ctx_request_id, CONTEXT_ONLY)
+            yield chunk
             return
         params = None
         if request_type == GENERATION_ONLY:
@@ -143,9 +228,11 @@ class ServeClient:
                 yield RoleChunk(tokens, final=True)
                 return
             params = params.for_generation()
+            self._await_perf(request_id, params.ctx_request_id, GENERATION_ONLY)
         body = request_body(self.model, prompt_ids, sampling, True, params)
         async for chunk in self._streamed(body, request_type, prompt_ids):
             yield chunk
+        self._finished(request_id)
 
     async def _context(self, prompt_ids: list[int], sampling: SamplingInputs) -> RoleChunk:
         body = request_body(self.model, prompt_ids, sampling, False, DisaggregatedParams(CONTEXT_ONLY))

@@ -68,6 +68,10 @@ _OVERLAP = ("NVIDIA/TensorRT-LLM examples/disaggregated/README.md@c3c3d76 (conte
             "TorchLlmArgs.disable_overlap_scheduler (id 1090804222)")
 _ITER_STATS = ("NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py TorchLlmArgs.enable_iter_perf_stats "
                "(id 1090804222); serve/openai_server.py get_iteration_stats serves them at /metrics (id 456200087)")
+_PERF_METRICS = ("NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py BaseLlmArgs.return_perf_metrics (bool, False) and "
+                 "perf_metrics_max_requests (int, 0) (id 1090804222); serve/openai_server.py keeps a deque of that "
+                 "many per-request records, handed out once at GET /perf_metrics, only when both are set "
+                 "(__init__, _extract_metrics, get_perf_metrics; id 456200087)")
 _CLUSTER = ("trtllm-1.2.md §2.3; NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/disagg_utils.py DisaggClusterConfig, "
             "MinimalInstances, extract_disagg_cluster_config (id 103242683)")
 _WORKER_CLUSTER = (_CLUSTER + "; commands/serve.py pops a top-level disagg_cluster from the worker's YAML before the "
@@ -263,6 +267,9 @@ OPTIONS: tuple[TrtllmOption, ...] = (
     TrtllmOption("torch-llm-api-options", "enable_chunked_prefill", "bool", ("true", "false"), "false", _TORCH),
     TrtllmOption("torch-llm-api-options", "disable_overlap_scheduler", "bool", ("true", "false"), "false", _OVERLAP),
     TrtllmOption("torch-llm-api-options", "enable_iter_perf_stats", "bool", ("true", "false"), "false", _ITER_STATS),
+    TrtllmOption("torch-llm-api-options", "return_perf_metrics", "bool", ("true", "false"), "false", _PERF_METRICS),
+    TrtllmOption("torch-llm-api-options", "perf_metrics_max_requests", "int", None, "0", _PERF_METRICS,
+                 min_value=0),
     TrtllmOption("torch-llm-api-options", "kv_cache_config.enable_block_reuse", "bool", ("true", "false"), "true",
                  _TORCH),
     TrtllmOption("torch-llm-api-options", "kv_cache_config.free_gpu_memory_fraction", "float", None, "0.9", _TORCH,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtpd import __version__
+from trtpd.schema.trtllm_serve import PERF_METRICS_MAX_REQUESTS
 from trtpd.trtllm.mpi_world import RankLayout
 from trtpd.trtllm.options import check_args, check_keys, require_valid
 from trtpd.trtllm.plan import BuildPlan, RolePlan
@@ -112,6 +113,8 @@ def role_options(plan: BuildPlan, role: RolePlan, layout: ServeLayout) -> dict:
         "enable_chunked_prefill": s.enable_chunked_context,
         "disable_overlap_scheduler": s.role == "prefill",
         "enable_iter_perf_stats": True,
+        # the per-request records trtpd's gateway reads for the TTFT breakdown (/perf_metrics)
+        "return_perf_metrics": True, "perf_metrics_max_requests": PERF_METRICS_MAX_REQUESTS,
         "kv_cache_config": kv,
         "cache_transceiver_config": {"backend": r.transceiver_backend,
                                      "max_tokens_in_buffer": transfer_buffer_tokens(r.max_input_len, r.tokens_per_block),

@@ -198,6 +198,8 @@ class _Instance:
     """A role instance that answers at once; `during` runs while it serves its first request (the split moving
     under a request in flight). Records what it was sent."""
 
+    reports_perf_later = False
+
     def __init__(self, name: str, during=None) -> None:
         self.name, self.during, self.calls = name, during, []
 

@@ -42,6 +42,8 @@ def test_roles_gpu_flags_and_the_yaml(tmp_path):
     ({"kv_cache_config": {"tokens_per_block": "32"}}, "kv_cache_config.tokens_per_block"),
     ({"kv_cache_config": [1]}, "kv_cache_config"),
     ({"enable_iter_perf_stats": "yes"}, "enable_iter_perf_stats"),
+    ({"return_perf_metrics": 1}, "return_perf_metrics"),
+    ({"perf_metrics_max_requests": -1}, "perf_metrics_max_requests"),
     ({"disagg_cluster": {"cluster_uri": "http://h:1", "heartbeat": 3}}, "disagg_cluster.heartbeat"),
     ({"disagg_cluster": {"cluster_uri": 5}}, "cluster_uri"),
 ])
@@ -76,6 +78,16 @@ def test_a_cluster_needs_a_role_and_a_role_needs_the_key():
         parse_args(["/m", "--disagg_cluster_uri", "http://a:1"])
     with pytest.raises(ConfigError, match="--twin_key_file"):
         parse_args(["/m", "--server_role", "CONTEXT"])
+
+
+def test_perf_metrics_are_kept_only_with_both_keys(tmp_path):
+    """openai_server.py keeps /perf_metrics records only when return_perf_metrics is on and
+    perf_metrics_max_requests > 0 (the deque's length)."""
+    for yaml_text, kept in (("return_perf_metrics: true\nperf_metrics_max_requests: 10\n", 10),
+                            ("perf_metrics_max_requests: 10\n", 0), ("return_perf_metrics: true\n", 0)):
+        (tmp_path / "o.yaml").write_text(yaml_text)
+        assert parse_args(["model", "--extra_llm_api_options", str(tmp_path / "o.yaml")]).perf_metrics_max_requests \
+            == kept
 
 
 def test_an_unset_kv_transfer_timeout_is_no_timeout_as_in_1_2_1():

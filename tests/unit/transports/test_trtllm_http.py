@@ -155,3 +155,90 @@ def test_the_probe_reads_the_latest_stats_and_knows_an_idle_or_new_worker():
     assert (busy.active, busy.waiting, busy.free_kv_blocks) == (3, 1, 40)
     assert (idle.active, idle.waiting, idle.free_kv_blocks, idle.max_kv_blocks) == (0, 0, 100, 100)
     assert gone.state == "unhealthy"
+
+
+# ---- /perf_metrics: the TTFT breakdown over trtllm-serve ---------------------------------------------------------
+def _record(request_id: int, ctx_request_id, t: "RequestTimings", offset_s: float = 0.0) -> dict:
+    from trtpd.schema.trtllm_serve import perf_record
+    return perf_record(request_id, ctx_request_id, t, 3, 9, offset_s, server_arrival_time=t.arrival_time)
+
+
+def test_perf_records_are_upstreams_shape_and_become_the_ttft_phases():
+    """A record as openai_server.py get_perf_metrics writes it (kv_cache_* only when KV moved, every time shifted by
+    the router's clock offset) reads back, and a context server's becomes prefill queue + compute, a generation
+    server's decode queue (until the transfer started) + transfer + bytes."""
+    from trtpd.schema.trtllm_serve import (RequestTimings, context_phase_perf, generation_phase_perf,
+                                           read_perf_record)
+    ctx = RequestTimings(10.0, 10.25, 10.75, 10.75)
+    record = _record(1, 17, ctx, offset_s=100.0)
+    timing = record["perf_metrics"]["timing_metrics"]
+    assert record["ctx_request_id"] == 17 and record["perf_metrics"]["first_iter"] == 3
+    assert set(timing) == {"server_arrival_time", "arrival_time", "first_scheduled_time", "first_token_time",
+                           "server_first_token_time", "last_token_time"}
+    assert timing["arrival_time"] == 110.0 and timing["server_first_token_time"] is None
+    ctx_id, back = read_perf_record(record)
+    assert ctx_id == 17 and back == RequestTimings(110.0, 110.25, 110.75, 110.75)
+    assert context_phase_perf(back) == {"prefill_queue_s": 0.25, "prefill_compute_s": 0.5}
+
+    gen = RequestTimings(20.0, 20.5, 21.5, 23.0, 4096, 20.5, 21.25)
+    timing = _record(2, 17, gen)["perf_metrics"]["timing_metrics"]
+    assert (timing["kv_cache_size"], timing["kv_cache_transfer_start"], timing["kv_cache_transfer_end"]) == \
+        (4096, 20.5, 21.25)
+    assert generation_phase_perf(read_perf_record(_record(2, 17, gen))[1]) == {
+        "decode_queue_s": 0.5, "kv_transfer_s": 0.75, "kv_transfer_bytes": 4096.0}
+    # no KV moved: queued until first scheduled, no transfer reported
+    assert generation_phase_perf(RequestTimings(1.0, 1.5, 2.0, 2.0)) == {"decode_queue_s": 0.5}
+    assert read_perf_record(_record(3, None, ctx)) is None          # not disaggregated: nothing to match
+    assert read_perf_record({"request_id": 1}) is None
+
+
+def test_a_finished_sub_requests_timings_come_from_one_shared_read_of_perf_metrics():
+    """Four sub-requests of one generation worker finish at once: one read of /perf_metrics (which hands out every
+    record once) serves them all, the others waiting for it rather than reading again; one the worker has no
+    record of gets {}; two context workers' equal ctx_request_ids are kept apart (oldest first); a later ask whose
+    record is not kept reads again."""
+    import httpx
+    from trtpd.schema.trtllm_serve import RequestTimings
+    client = ServeClient("decode-0", "127.0.0.1:9", "m", None)
+    reads = []
+    answers = iter([[_record(1, 5, RequestTimings(0.0, 0.5, 1.0, 2.0, 100, 0.5, 0.75)),
+                     _record(2, 6, RequestTimings(0.0, 0.25, 1.0, 2.0, 200, 0.25, 0.5)),
+                     _record(3, 6, RequestTimings(0.0, 0.0, 1.0, 2.0, 300, 0.0, 1.0))], []])
+    asked = ("r1-d1", "r2-d1", "r3-d1", "r4-d1", "never")
+
+    def handler(request):
+        reads.append(request.url.path)
+        return httpx.Response(200, json=next(answers))
+    client.client = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(handler))
+    client._await_perf("r1-d1", 5, "generation_only")
+    client._await_perf("r2-d1", 6, "generation_only")
+    client._await_perf("r3-d1", 6, "generation_only")
+    client._await_perf("r4-d1", 8, "generation_only")
+
+    async def run():
+        try:
+            together = await asyncio.gather(*(client.request_perf(r) for r in asked))
+            client._await_perf("r5-d1", 9, "generation_only")
+            return together, await client.request_perf("r5-d1")
+        finally:
+            await client.close()
+    (first, second, third, missing, unknown), later = asyncio.run(run())
+    assert first == {"decode_queue_s": 0.5, "kv_transfer_s": 0.25, "kv_transfer_bytes": 100.0}
+    assert second["kv_transfer_bytes"] == 200.0 and third["kv_transfer_bytes"] == 300.0
+    assert missing == {} and unknown == {} and later == {}
+    assert reads == ["/perf_metrics", "/perf_metrics"]
+
+
+def test_a_worker_without_perf_metrics_or_not_answering_gives_no_timings():
+    import httpx
+    for reply in (httpx.Response(200, json=[]), httpx.Response(500), httpx.Response(200, text="not json")):
+        client = ServeClient("prefill-0", "127.0.0.1:9", "m", None)
+        client.client = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(lambda _: reply))
+        client._await_perf("r-p1", 1, "context_only")
+
+        async def run():
+            try:
+                return await client.request_perf("r-p1")
+            finally:
+                await client.close()
+        assert asyncio.run(run()) == {}
