@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
@@ -37,6 +38,7 @@ class Call:
     query: dict
     content_type: str
     body: object
+    at_s: float = field(default_factory=time.monotonic)   # when it arrived (orders calls across fakes)
 
 
 @dataclass
@@ -194,6 +196,8 @@ class FakeKubeApi:
         if plural == "deployments":
             for pod in self._owned(name, namespace):
                 self._terminate(pod)
+        if plural == "services":   # the deleted object, as the API's OpenAPI spec has it (200: v1.Service)
+            return 200, obj
         return 200, {"apiVersion": "v1", "kind": "Status", "status": "Success", "metadata": {}}
 
     # ---- the ReplicaSet controller, minimally ---------------------------------------------------------

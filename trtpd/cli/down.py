@@ -22,11 +22,21 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.fleet import records
     from trtpd.fleet.launcher import fleet_down
 
+    from trtpd.controller.daemon import is_kubernetes, kubernetes_deployments, mark_all_stopped, stop_controller
+    clusters = kubernetes_deployments() if args.all else [args.name] if is_kubernetes(args.name) else []
     if args.all:
         names, fleets = [d.name for d in deployment.list_deployments()], [f.name for f in records.list_fleets()]
+    elif clusters:
+        names, fleets = [], []
     else:
         names, fleets = ([], [args.name]) if records.is_fleet(args.name) else ([args.name], [])
-    from trtpd.controller.daemon import mark_all_stopped, stop_controller
+    for name in clusters:
+        from trtpd.controller.k8s.cluster import down_kubernetes
+        gone = down_kubernetes(name)
+        if gone["controller_pid"]:
+            print(f"stopped the controller of {name} (pid {gone['controller_pid']})")
+        print(f"deleted {name} from namespace {gone['namespace']} ("
+              f"{', '.join(f'{kind} {n}' for kind, n in gone['deleted']) or 'nothing was left'})")
     for name in fleets:
         pid = stop_controller(name)   # first, or it would replace the instances being stopped
         if pid:
@@ -41,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         if dep.note:
             print(f"{name}: {dep.note}")
         print(f"stopped {name} (pid {dep.server.pid})")
-    if not names and not fleets:
+    if not names and not fleets and not clusters:
         print("no deployments")
     return 0
+

@@ -45,11 +45,19 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.fleet import records
     from trtpd.fleet.state import fleet_view
 
-    if args.name and records.is_fleet(args.name):
+    from trtpd.controller.daemon import is_kubernetes, kubernetes_deployments
+
+    clusters = [args.name] if args.name and is_kubernetes(args.name) else [] if args.name else kubernetes_deployments()
+    if args.name and clusters:
+        deps, fleets = [], []
+    elif args.name and records.is_fleet(args.name):
         deps, fleets = [], [fleet_view(records.load_fleet(args.name))]
     else:
         deps = [deployment.Deployment.load(args.name)] if args.name else deployment.list_deployments()
         fleets = [] if args.name else [fleet_view(f) for f in records.list_fleets()]
+    if clusters:
+        from trtpd.controller.k8s.cluster import kubernetes_view
+        fleets += [kubernetes_view(name) for name in clusters]
     for fleet in fleets:
         fleet["controller"] = controller_view(fleet["name"])
     rows = []
@@ -68,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         print("no deployments (start one with `trtpd up`)")
         return 0
     for fleet in fleets:
-        print_fleet(fleet)
+        (print_kubernetes if fleet.get("kind") == "kubernetes" else print_fleet)(fleet)
     if not rows:
         return 0
     table = Table("name", "mode", "pid", "state", "HTTP", "gRPC", "metrics", "KV blocks used/max", "up")
@@ -104,6 +112,35 @@ def controller_view(name: str) -> dict | None:
             "rollout": {k: rollout[k] for k in ("revision", "phase", "reason")} if rollout else None}
 
 
+def print_kubernetes(view: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ready = view["gateway_ready_replicas"]
+    table = Table("instance", "role", "rev", "state", "pod", "phase", "pod IP",
+                  title=f"{view['name']} ({view['mode']}) on Kubernetes, namespace {view['namespace']}: gateway "
+                        f"{view['gateway_url']} ({'?' if ready is None else ready} ready)")
+    for i in view["instances"]:
+        table.add_row(i["name"], i["role"], str(i["revision"]), i["state"], i["pod"] or "-", i["phase"] or "-",
+                      i["pod_ip"] or "-")
+    Console().print(table)
+    _print_controller(view)
+    if view["error"]:
+        print(f"{view['name']}: {view['error']}")
+    for i in view["instances"]:
+        if i["reason"]:
+            print(f"{view['name']}: {i['name']} {i['state']}: {i['reason']}")
+
+
+def _print_controller(fleet: dict) -> None:
+    c = fleet.get("controller")
+    if c:
+        r = c["rollout"]
+        print(f"{fleet['name']}: controller {'pid ' + str(c['pid']) if c['running'] else 'NOT running'}, "
+              f"revision {c['stable_revision']}, counts {c['counts']}"
+              + (f", rollout of revision {r['revision']}: {r['phase']}" if r else ""))
+
+
 def print_fleet(fleet: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -118,12 +155,7 @@ def print_fleet(fleet: dict) -> None:
                       f"{load['waiting']}/{load['active']}" if "waiting" in load else "-",
                       f"{load['kv_used']}/{load['kv_max']}" if "kv_max" in load else "-")
     Console().print(table)
-    c = fleet.get("controller")
-    if c:
-        r = c["rollout"]
-        print(f"{fleet['name']}: controller {'pid ' + str(c['pid']) if c['running'] else 'NOT running'}, "
-              f"revision {c['stable_revision']}, counts {c['counts']}"
-              + (f", rollout of revision {r['revision']}: {r['phase']}" if r else ""))
+    _print_controller(fleet)
     if fleet["shared_cores"]:
         print(f"{fleet['name']}: more instances than cores: instances share cores")
     for i in fleet["instances"]:

@@ -134,7 +134,13 @@ def run_spec(args: argparse.Namespace) -> int:
     print(f"starting the deployment in {args.spec_file} under the controller ...", flush=True)
     up = bring_up(Path(args.spec_file))
     print(f"ready: {up['name']} revision {up['revision']} ({', '.join(up['instances'])})")
-    print_gateway(up["gateway"])
+    if up.get("kubernetes"):
+        k = up["kubernetes"]
+        print(f"  OpenAI API   {k['gateway_url']}/v1   (the gateway pod, namespace {k['namespace']})")
+        print(f"  API key      `kubectl -n {k['namespace']} get secret {k['api_key_secret']} "
+              f"-o jsonpath={{.data.keys}} | base64 -d`")
+    else:
+        print_gateway(up["gateway"])
     scale = " ".join(f"{role}=N" for role in up["roles"])
     print(f"  controller   running; `trtpd scale {up['name']} {scale}`, `trtpd rollout SPEC.yaml`, "
           f"`trtpd history {up['name']}`, `trtpd down --name {up['name']}`")

@@ -3,7 +3,9 @@
 `bring_up(spec_path)`: lints the spec, records it as a new revision, starts every instance (decode and
 prefill at once; the gateway routes only to ready ones) and waits until all are ready, starts the gateway,
 then the controller process (`python -m trtpd.controller run --name NAME`), which from then on heals,
-scales and rolls out. `stop_controller(name)`: SIGTERM to that process (by pid and start time).
+scales and rolls out. A spec with a `kubernetes:` section goes to trtpd/controller/k8s/cluster.py instead (pods,
+the gateway in the cluster; the same store, the same controller process). `stop_controller(name)`: SIGTERM to
+that process (by pid and start time).
 """
 
 from __future__ import annotations
@@ -32,10 +34,58 @@ def controller_alive(store: ControllerStore) -> dict | None:
     return None
 
 
+def is_kubernetes(name: str) -> bool:
+    """Whether deployment `name`'s stable revision runs on Kubernetes (its spec has a kubernetes section)."""
+    path = deployment.deployment_dir(name) / "controller.db"
+    if not path.is_file():
+        return False
+    store = ControllerStore(path)
+    stable = store.get("stable_revision")
+    return bool(stable) and store.revision(int(stable)).spec_json.get("kubernetes") is not None
+
+
+def kubernetes_deployments() -> list[str]:
+    root = deployment.trtpd_home() / "deployments"
+    return [p.parent.name for p in sorted(root.glob("*/controller.db")) if is_kubernetes(p.parent.name)]
+
+
 def new_controller(store: ControllerStore, name: str, mode: str) -> Controller:
+    """The executor the stable revision names: Kubernetes (its `kubernetes:` section) or local processes."""
+    stable = store.get("stable_revision")
+    spec = DeploymentSpec.from_json(store.revision(int(stable)).spec_json) if stable else None
+    if spec is not None and spec.kubernetes is not None:
+        from trtpd.controller.k8s.cluster import kubernetes_controller
+        return kubernetes_controller(store, spec)
     from trtpd.controller.local import LocalExecutor
     executor = LocalExecutor(name, mode)
     return Controller(store, executor, samples=executor.samples, health=executor.gateway_health)
+
+
+def record_revision(store: ControllerStore, spec: DeploymentSpec, spec_path: Path) -> int:
+    """`trtpd up`: the spec becomes the promoted revision; an earlier run's instance rows are closed."""
+    from dataclasses import replace
+    revision = store.add_revision(spec.to_yaml(), spec.spec_json(), str(spec_path), actor(), "trtpd up")
+    store.set_revision_status(revision, "promoted")
+    for row in store.instances(states=("starting", "ready", "draining", "failed")):   # an earlier run's rows
+        store.put_instance(replace(row, state="stopped", reason="deployment restarted"))
+    store.put_many({"stable_revision": revision, "counts": spec.counts(), "rollout": None, "traffic": None})
+    store.audit(actor(), "up", revision, {"source": str(spec_path), "counts": spec.counts()})
+    return revision
+
+
+def tick_until_ready(controller: Controller, store: ControllerStore, revision: int, timeout_s: float) -> None:
+    """Runs the controller in this process until every wanted instance is ready; raises on the first instance
+    that fails to start, or at timeout_s."""
+    started = time.monotonic()
+    while not controller.converged():
+        controller.tick()
+        failed = [r for r in store.instances(states=("failed", "stopped")) if r.reason.startswith(
+            ("died", "not ready", "start failed")) and r.since_s >= store.revision(revision).created_at]
+        if failed:
+            raise TrtpdError(f"instance {failed[0].name} failed to start: {failed[0].reason}")
+        if time.monotonic() - started > timeout_s:
+            raise TrtpdError(f"the deployment was not ready within {timeout_s:.0f} s")
+        time.sleep(0.2)
 
 
 def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, progress=print) -> dict:
@@ -47,13 +97,16 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     from trtpd.repo.reference import KEY_FILE
 
     spec = load_spec(spec_path)
-    if spec.backend not in ("reference", "trtllm-serve"):
+    if spec.kubernetes is None and spec.backend not in ("reference", "trtllm-serve"):
         raise ConfigError(f"{spec_path}: backend {spec.backend}: the local executor runs the reference backend and "
-                          f"trtllm-serve (its CPU twin); "
-                          f"for tensorrt-llm render Kubernetes manifests (trtpd/controller/k8s)")
+                          f"trtllm-serve (its CPU twin); for trtllm-serve pods on a cluster add a kubernetes "
+                          f"section (configs/deployments/README.md)")
     problems = check_revision(spec, None, revision=1)
     if problems:
         raise ConfigError(f"{spec_path}: refused:\n  " + "\n  ".join(problems))
+    if spec.kubernetes is not None:
+        from trtpd.controller.k8s.cluster import bring_up_kubernetes
+        return bring_up_kubernetes(spec, spec_path, timeout_s=timeout_s, daemon=daemon, progress=progress)
     name = spec.name
     # load_fleet refuses a single-server deployment by name
     if has_record(name) and any(i.server.is_alive() for i in load_fleet(name).instances):
@@ -68,13 +121,7 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
                          f"`trtpd down --name {name}` first")
     key_file = folder / KEY_FILE
     load_or_create_key_file(key_file)
-    revision = store.add_revision(spec.to_yaml(), spec.spec_json(), str(spec_path), actor(), "trtpd up")
-    store.set_revision_status(revision, "promoted")
-    for row in store.instances(states=("starting", "ready", "draining", "failed")):   # an earlier run's rows
-        from dataclasses import replace
-        store.put_instance(replace(row, state="stopped", reason="deployment restarted"))
-    store.put_many({"stable_revision": revision, "counts": spec.counts(), "rollout": None, "traffic": None})
-    store.audit(actor(), "up", revision, {"source": str(spec_path), "counts": spec.counts()})
+    revision = record_revision(store, spec, spec_path)
     shapes = spec.role_shapes()
     first = shapes[spec.role_names[0]].engine_dir
     fleet = FleetRecord(name, spec.mode, str(Path(first).parent), str(key_file),
@@ -84,15 +131,7 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     controller = new_controller(store, name, spec.mode)
     started = time.monotonic()
     try:
-        while not controller.converged():
-            controller.tick()
-            failed = [r for r in store.instances(states=("failed", "stopped")) if r.reason.startswith(
-                ("died", "not ready", "start failed")) and r.since_s >= store.revision(revision).created_at]
-            if failed:
-                raise TrtpdError(f"instance {failed[0].name} failed to start: {failed[0].reason}")
-            if time.monotonic() - started > timeout_s:
-                raise TrtpdError(f"the deployment was not ready within {timeout_s:.0f} s")
-            time.sleep(0.2)
+        tick_until_ready(controller, store, revision, timeout_s)
         progress(f"{name}: {len(store.instances(states=('ready',)))} instances ready in "
                  f"{time.monotonic() - started:.1f} s")
         fleet = load_fleet(name)

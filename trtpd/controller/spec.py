@@ -122,6 +122,32 @@ class RolloutSpec(_Strict):
     start_timeout_s: float = Field(180.0, gt=0)
 
 
+class KubernetesEnginesSpec(_Strict):
+    mount_path: Path = Path("/engines")   # where pods see the volume; every engine folder must be under it
+    pvc_name: str = ""                    # a PersistentVolumeClaim, or
+    host_path: str = ""                   # a folder present on every GPU node
+
+
+class KubernetesSpec(_Strict):
+    """Present: the controller's instances are pods of this cluster (trtpd/controller/k8s/), not local processes.
+    The API: `api_server` (+ `token_file`, `ca_file`), or `in_cluster`, or else a kubeconfig."""
+
+    api_server: str | None = None         # e.g. https://10.0.0.1:6443
+    token_file: Path | None = None        # a bearer token, re-read before each request (rotated tokens)
+    ca_file: Path | None = None           # the API server's CA bundle (https)
+    kubeconfig: Path | None = None        # None: $KUBECONFIG or ~/.kube/config, as kubectl
+    context: str | None = None            # the kubeconfig's context (None: its current-context)
+    in_cluster: bool = False              # the pod's service account (the controller runs in the cluster)
+    namespace: str = Field("default", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    image: str | None = None              # trtllm-serve's image; None: the pinned TensorRT-LLM release
+    gateway_image: str                    # an image with trtpd installed (the gateway pod)
+    engines: KubernetesEnginesSpec = Field(default_factory=KubernetesEnginesSpec)
+    model_path: Path | None = None        # the tokenizer folder in the mount; None: <engines dir>/../deploy/tokenizer
+    gateway_url: str | None = None        # how the controller reaches the gateway; None: its Service's DNS name
+    gateway_port: int = Field(8000, ge=1, le=65535)
+    serve_port: int = Field(8000, ge=1, le=65535)
+
+
 class DeploymentSpec(_Strict):
     api_version: Literal["trtpd/v1"] = "trtpd/v1"
     kind: Literal["Deployment"] = "Deployment"
@@ -139,6 +165,7 @@ class DeploymentSpec(_Strict):
     gateway: GatewaySpec = Field(default_factory=GatewaySpec)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    kubernetes: KubernetesSpec | None = None   # None: local processes (the local executor)
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> "DeploymentSpec":
@@ -175,7 +202,8 @@ class DeploymentSpec(_Strict):
 
     def gpus_per_instance(self, role: str) -> int:
         spec = self.role(role)
-        return spec.gpus_per_instance or (spec.tp if self.backend == "tensorrt-llm" else 0)
+        on_gpus = self.backend == "tensorrt-llm" or self.kubernetes is not None
+        return spec.gpus_per_instance or (spec.tp if on_gpus else 0)
 
     def engine_dir(self, role: str) -> Path:
         override = getattr(self.engines, role)
@@ -267,7 +295,65 @@ def _resolve(spec: DeploymentSpec, base_dir: Path, trust_resolved: bool) -> list
     for role in ROLES:
         if role not in roles and getattr(spec.engines, role) is not None:
             problems.append((("engines", role), f"mode {spec.mode} has no {role} role; remove this override"))
+    if spec.kubernetes is not None and not problems:
+        problems += _check_kubernetes(spec, base_dir)
     return problems + _check_autoscaling(spec)
+
+
+def _check_kubernetes(spec: DeploymentSpec, base_dir: Path) -> list[Problem]:
+    """The kubernetes section: one way to reach the API, engines and tokenizer inside the pods' mount."""
+    from trtpd.controller.k8s.manifests import DEFAULT_IMAGE, NAME_RE
+
+    k, problems = spec.kubernetes, []
+    for field in ("token_file", "ca_file", "kubeconfig"):
+        if getattr(k, field) is not None:
+            setattr(k, field, (base_dir / getattr(k, field).expanduser()).resolve())
+    k.image = k.image or DEFAULT_IMAGE
+    if spec.backend != "trtllm-serve":
+        problems.append((("backend",), f"{spec.backend}: the Kubernetes executor runs one trtllm-serve worker per "
+                                       f"pod; use backend: trtllm-serve (or drop the kubernetes section)"))
+    if spec.kv_transport not in ("ucx", "nixl"):
+        problems.append((("kv_transport",), f"{spec.kv_transport!r}: trtllm-serve pods move KV with "
+                                            f"cache_transceiver_config.backend ucx or nixl"))
+    if not NAME_RE.match(spec.name):
+        problems.append((("name",), f"{spec.name!r}: on Kubernetes it prefixes Service names (DNS-1035 labels): "
+                                    f"1-40 lower-case letters, digits and '-', starting with a letter"))
+    problems += _check_kubernetes_api(k)
+    mount = k.engines.mount_path
+    if bool(k.engines.pvc_name) == bool(k.engines.host_path):
+        problems.append((("kubernetes", "engines"), "give exactly one of pvc_name (a PersistentVolumeClaim) or "
+                                                    "host_path (a folder on every GPU node)"))
+    if not mount.is_absolute():
+        problems.append((("kubernetes", "engines", "mount_path"), f"{mount}: an absolute path (inside the pods)"))
+        return problems
+    for role in spec.role_names:
+        if not spec.engine_dir(role).is_relative_to(mount):
+            where = ("engines", role) if getattr(spec.engines, role) is not None else ("engines", "build_root")
+            problems.append((where, f"{spec.engine_dir(role)} is not under kubernetes.engines.mount_path {mount}: "
+                                    f"pods read the engines at the path the spec names; build into the volume "
+                                    f"(trtpd build --engines-dir {mount}) or mount it where the engines are"))
+    if k.model_path is not None and not k.model_path.is_absolute():
+        k.model_path = (base_dir / k.model_path).resolve()
+    if k.model_path is not None and not k.model_path.is_relative_to(mount):
+        problems.append((("kubernetes", "model_path"), f"{k.model_path} is not under {mount}"))
+    return problems
+
+
+def _check_kubernetes_api(k: KubernetesSpec) -> list[Problem]:
+    problems = []
+    if k.api_server is not None and not k.api_server.startswith(("https://", "http://")):
+        problems.append((("kubernetes", "api_server"), f"{k.api_server!r}: a URL, https://HOST:PORT"))
+    if k.api_server is not None and k.in_cluster:
+        problems.append((("kubernetes", "in_cluster"), "true with api_server set: give one of them"))
+    for field in ("kubeconfig", "context"):
+        if getattr(k, field) is not None and (k.api_server is not None or k.in_cluster):
+            problems.append((("kubernetes", field), "only without api_server and in_cluster (it picks a kubeconfig "
+                                                    "entry); drop one"))
+    for field in ("token_file", "ca_file"):
+        if getattr(k, field) is not None and k.api_server is None:
+            problems.append((("kubernetes", field), "needs kubernetes.api_server (a kubeconfig or the in-cluster "
+                                                    "service account carries its own)"))
+    return problems
 
 
 def _check_roles(spec: DeploymentSpec) -> list[Problem]:
@@ -314,11 +400,12 @@ def _check_role(spec: DeploymentSpec, role: str) -> list[Problem]:
         problems.append((("roles", role, "instances"), "Input should be greater than or equal to 1 (mode "
                          "disaggregated cannot scale a role to zero: with no prefill or no decode instance no "
                          "request is served)"))
-    if spec.backend in CPU_BACKENDS and mine.tp != 1:
+    on_cpus = spec.backend in CPU_BACKENDS and spec.kubernetes is None   # on Kubernetes: real trtllm-serve
+    if on_cpus and mine.tp != 1:
         source = f" (from the plan {spec.plan})" if spec.plan else ""
         problems.append((("roles", role, "tp"), f"the {spec.backend} backend runs the reference engines here, tp 1 "
                                                 f"only; got {mine.tp}{source}; use a plan with tp 1"))
-    if spec.backend in CPU_BACKENDS and mine.gpus_per_instance:
+    if on_cpus and mine.gpus_per_instance:
         problems.append((("roles", role, "gpus_per_instance"), f"the {spec.backend} backend runs on CPUs here (the "
                                                                f"controller starts trtllm-serve's CPU twin); set 0"))
     if getattr(spec.engines, role) is None and spec.engines.build_root is None:
@@ -514,6 +601,9 @@ def check_revision(new: DeploymentSpec, old: DeploymentSpec | None = None, *, re
     if old is not None and old.name != new.name:
         problems.append(f"{label}: name {new.name!r} differs from {old_label}'s {old.name!r}; a revision cannot "
                         f"rename a deployment (apply it as a new deployment)")
+    if old is not None and old.kubernetes != new.kubernetes:
+        problems.append(f"{label}: its kubernetes section differs from {old_label}'s; a revision cannot move a "
+                        f"deployment or change its cluster settings (`trtpd down`, then `trtpd up -f`)")
     for role in new.role_names:
         try:
             built_for = load_manifest(new.engine_dir(role)).model.name

@@ -4,9 +4,15 @@ Instances are pods of their revision's Deployment `<name>-<role>-r<revision>` (m
 names instances itself ("decode-r2-3") but a Deployment names its pods (`<deployment>-<hash>-<random>`), so the
 executor binds the two, in the cluster, where a restarted executor finds them again:
   start()   raises spec.replicas by one and, in the same patch, appends the name to the Deployment's
-            `trtpd.dev/pending-instances` annotation (a JSON list);
+            `trtpd.dev/pending-instances` annotation (a JSON list); when a pod went without stop() (deleted,
+            evicted, node lost), its ReplicaSet has already made an unbound replacement, so the replacement
+            instance takes that replica (replicas unchanged) instead of adding one;
   observe() labels each new, unbound pod `trtpd.dev/instance=<name>` (oldest pod takes the first pending name)
             and takes the name off the annotation.
+  drain()   marks the pod `trtpd.dev/state=draining` and writes it `draining` into the gateway's fleet file, then
+            tells the gateway at once (PUT /admin/instances/NAME): no new request goes there. The controller then
+            waits for its holds (GatewayHolds: the gateway's count, which for prefill lasts until decode's pull
+            of the KV is acknowledged) to be 0, or for rollout.drain_timeout_s, before it calls stop().
   stop()    annotates the pod `controller.kubernetes.io/pod-deletion-cost: "-1000"` and labels it
             `trtpd.dev/state=stopped`, then lowers spec.replicas by one, so the ReplicaSet removes that pod; with
             force it also deletes the pod with gracePeriodSeconds=0. A Deployment left at 0 replicas whose
@@ -74,6 +80,12 @@ def _labels(obj) -> dict:
     return obj.metadata.labels or {}
 
 
+def _is_active(pod) -> bool:
+    """Counted by its ReplicaSet: neither terminating nor finished (IsPodActive, kubernetes/pkg/controller/
+    controller_utils.go)."""
+    return pod.metadata.deletion_timestamp is None and pod.status.phase not in ("Failed", "Succeeded")
+
+
 def _is_ready(pod) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
@@ -113,7 +125,7 @@ class KubernetesExecutor:
         own = next(m for m in manifests if (m["kind"], m["metadata"]["name"]) == ("Deployment", dep_name))
         own["metadata"]["annotations"][PENDING_ANNOTATION] = json.dumps([name])
         if not self._create(own, exist_ok=True):
-            self._scale(dep_name, +1, add=name)
+            self._scale(dep_name, +1, add=name, fill_slack=True)
         return record
 
     def observe(self) -> list[ObservedInstance]:
@@ -130,10 +142,11 @@ class KubernetesExecutor:
         return observed
 
     def drain(self, name: str) -> None:
-        self.router_admin(name, "draining")
+        """The fleet file first (a gateway that missed the PUT, or restarts, still reads it), then the gateway."""
         for pod in self._pods(f"{LABEL_INSTANCE}={name}"):
             self._patch_pod(pod, {"metadata": {"labels": {LABEL_STATE: "draining"}}})
         self._publish(self._pods())
+        self.router_admin(name, "draining")
 
     def stop(self, name: str, force: bool = False, reason: str = "") -> None:
         pods = [p for p in self._pods(f"{LABEL_INSTANCE}={name}") if _labels(p).get(LABEL_STATE) != "stopped"
@@ -143,7 +156,7 @@ class KubernetesExecutor:
             self._patch_pod(pod, {"metadata": {"annotations": {DELETION_COST: STOP_COST},
                                                "labels": {LABEL_STATE: "stopped"}}})
             dep_name = deployment_name(self.fleet.name, labels[LABEL_ROLE], int(labels[LABEL_REVISION]))
-            if labels.get(LABEL_STATE) != "stopped":
+            if labels.get(LABEL_STATE) != "stopped" and _is_active(pod):   # else the ReplicaSet replaced it already
                 self._retire_if_empty(self._scale(dep_name, -1))
             if force:
                 self._delete_pod(pod.metadata.name)
@@ -286,9 +299,11 @@ class KubernetesExecutor:
                 return False
             raise KubernetesApiError(f"creating {manifest['kind']} {manifest['metadata']['name']}", exc) from None
 
-    def _scale(self, dep_name: str, delta: int, add: str = "", remove: str | list[str] = ()):
+    def _scale(self, dep_name: str, delta: int, add: str = "", remove: str | list[str] = (),
+               fill_slack: bool = False):
         """replicas += delta and the pending list edited, in one patch guarded by resourceVersion; returns the
-        Deployment (None when it is gone). Adding a name already pending changes nothing (a retried start)."""
+        Deployment (None when it is gone). Adding a name already pending changes nothing (a retried start).
+        fill_slack: no +1 while a replica has neither a bound live pod nor a pending name (see _slack)."""
         removed = {remove} if isinstance(remove, str) else set(remove)
         for attempt in range(RETRIES):
             try:
@@ -298,8 +313,9 @@ class KubernetesExecutor:
                 pending = [n for n in _pending(dep) if n not in removed] + ([add] if add else [])
                 patch = {"metadata": {"resourceVersion": dep.metadata.resource_version,
                                       "annotations": {PENDING_ANNOTATION: json.dumps(pending)}}}
-                if delta:
-                    patch["spec"] = {"replicas": max(0, (dep.spec.replicas or 0) + delta)}
+                grow = delta if not (fill_slack and self._slack(dep) > 0) else 0
+                if grow:
+                    patch["spec"] = {"replicas": max(0, (dep.spec.replicas or 0) + grow)}
                 return self.apps.patch_namespaced_deployment(dep_name, self.fleet.namespace, patch,
                                                              _content_type=MERGE_PATCH)
             except ApiException as exc:
@@ -308,6 +324,15 @@ class KubernetesExecutor:
                 if exc.status == 404:
                     return None
                 raise KubernetesApiError(f"scaling Deployment {dep_name} by {delta:+d}", exc) from None
+
+    def _slack(self, dep) -> int:
+        """Replicas of the Deployment that no bound active pod and no pending name accounts for: a pod that went
+        without stop(), which the ReplicaSet replaces by itself."""
+        labels = _labels(dep)
+        pods = self._pods(f"{LABEL_ROLE}={labels[LABEL_ROLE]},{LABEL_REVISION}={labels[LABEL_REVISION]}")
+        bound = [p for p in pods if LABEL_INSTANCE in _labels(p) and _labels(p).get(LABEL_STATE) != "stopped"
+                 and _is_active(p)]
+        return (dep.spec.replicas or 0) - len(bound) - len(_pending(dep))
 
     def _retire_if_empty(self, dep) -> None:
         """Deletes a Deployment at 0 replicas unless its revision is the stable or the canary one."""
