@@ -18,7 +18,9 @@ One decision, per role:
 3. Reactive corrections: a role whose SLO is breached (prefill: TTFT over the SLO; decode: TPOT over the SLO;
    either: its queue time over queue_time_share of the TTFT SLO; each at the SLO's percentile) gets one more
    instance, whatever the model says; a role with waiting requests never scales down.
-4. Clamps to [min, max]; cooldown: a role changed less than cooldown_s ago keeps its count.
+4. Clamps to [min, max]; cooldown: a role changed less than cooldown_s ago keeps its count. In observe mode a
+   decision that would change a role starts its cooldown as in act mode, so that, observation for
+   observation, observe mode decides what act mode would (only `applied` differs).
 5. Budget: when the wanted counts cost more than the budget, it is split by the roles' demand shares
    (never below min); an increase waits while draining instances still hold the devices it needs.
 """
@@ -47,7 +49,7 @@ class AutoscalePolicy:
     cooldown_s: float = 60.0                      # after a change of a role, none of that role for this long
     scale_up_utilisation: float = 0.85
     scale_down_utilisation: float = 0.5
-    mode: Literal["observe", "act"] = "act"       # observe: decisions are returned, never applied
+    mode: Literal["observe", "act"] = "act"       # observe: decisions are returned, never applied (same decisions)
     interval_s: float = 10.0                      # how often the caller asks
     window_s: float = 30.0                        # how much history the caller's rates and percentiles cover
     queue_time_share: float = 0.5                 # a queue time (SLO percentile) over this share of the TTFT SLO: breach
@@ -236,9 +238,8 @@ class Autoscaler:
         counts = self._within_held(counts, current, obs, reasons)
         changed = {r: (current[r], counts[r]) for r in policy.roles if counts[r] != current[r]}
         applied = policy.mode == "act" and bool(changed)
-        if applied:
-            for role in changed:
-                self.last_change_s[role] = obs.now_s
+        for role in changed:     # observe mode too: its cooldown and calibration follow act mode's
+            self.last_change_s[role] = obs.now_s
         return ScaleDecision(obs.now_s, counts, changed, reasons, applied, needed)
 
     def _wanted(self, role: str, needed: float, obs: FleetObservation) -> tuple[int, str]:

@@ -102,6 +102,9 @@ class AutoscalingSpec(_Strict):
     max: dict[str, int] = Field(default_factory=dict)   # per role; default the role's instances
     budget_cpus: int | None = Field(None, ge=1)         # None: no limit
     budget_gpus: int | None = Field(None, ge=0)
+    # the hardware profile (configs/hardware/, or a YAML of `trtpd profile`) the autoscaler models the instances
+    # on; None: cpu-reference on CPUs, the plan's on GPUs (required on GPUs without a plan)
+    hardware: str | None = None
 
 
 class RolloutSpec(_Strict):
@@ -591,6 +594,17 @@ def changed_roles(old: DeploymentSpec, new: DeploymentSpec,
         r not in old_shapes or r not in new_shapes or old_shapes[r].config_hash != new_shapes[r].config_hash))
 
 
+def _check_autoscaler(spec: DeploymentSpec, label: str) -> list[str]:
+    """An autoscaler acts only on a model of the instances it scales (trtpd/autoscale/live.py): built here, so a
+    spec without one is refused when it is applied, not when the controller first decides."""
+    from trtpd.autoscale.live import live_autoscaler
+    try:
+        live_autoscaler(spec)
+    except (ConfigError, ValueError) as exc:
+        return [f"{label}: {exc}"]
+    return []
+
+
 def check_revision(new: DeploymentSpec, old: DeploymentSpec | None = None, *, revision: int = 0,
                    old_revision: int = 0, old_shapes: dict[str, RoleShape] | None = None) -> list[str]:
     """Problems that forbid applying `new` (after `old`): engines that cannot exchange KV, within the new revision
@@ -613,6 +627,8 @@ def check_revision(new: DeploymentSpec, old: DeploymentSpec | None = None, *, re
         if built_for != new.model:
             problems.append(f"{label}: {role} engine {new.engine_dir(role)} was built for model {built_for}, "
                             f"the spec says {new.model}")
+    if not problems and new.autoscaling.enabled:
+        problems += _check_autoscaler(new, label)
     if problems or new.mode != "disaggregated":
         return problems
     problems += [f"{label}: prefill vs decode: {p}" for p in check_pair(new.engine_dir("prefill"),

@@ -158,8 +158,26 @@ def test_observe_mode_returns_the_decision_unapplied():
     high = obs(0.0, at_utilisation("prefill", 2, 1.2), {"prefill": role("prefill", 2)})
     d = a.decide(high)
     assert d.changed == {"prefill": (2, 3)} and not d.applied
-    again = a.decide(obs(1.0, high.arrival_rate_per_s, high.roles))   # no cooldown: nothing was applied
-    assert again.changed == {"prefill": (2, 3)} and not again.applied
+
+
+def test_observe_mode_decides_what_act_mode_would_observation_for_observation():
+    """The same observations (load rising, a cooldown, load falling, a latency that calibrates the model) to an
+    autoscaler in each mode: every decision is the same (counts, changes, reasons, the model's needs) but for
+    `applied`. An observer that forgot its would-be changes ignored the cooldown after them."""
+    rates = [(0.0, 2, 1.2), (10.0, 2, 1.3), (59.0, 3, 1.5), (70.0, 3, 1.5), (140.0, 5, 0.3), (150.0, 5, 0.2),
+             (260.0, 3, 0.9), (400.0, 3, 0.6)]
+    modes = {m: Autoscaler(policy(("prefill", "decode"), mode=m), PERF) for m in ("act", "observe")}
+    decisions = {m: [] for m in modes}
+    for now, n, u in rates:
+        roles = {"prefill": role("prefill", n, ttft=0.4 if now >= 260 else None),
+                 "decode": role("decode", n, tpot=0.02 if now >= 260 else None)}
+        for m, a in modes.items():
+            decisions[m].append(a.decide(obs(now, at_utilisation("prefill", n, u), roles)))
+    assert any(d.changed for d in decisions["act"]) and any("cooldown" in str(d.reasons) for d in decisions["act"])
+    for act, observed in zip(decisions["act"], decisions["observe"]):
+        assert (observed.counts, observed.changed, observed.reasons, observed.needed) == \
+            (act.counts, act.changed, act.reasons, act.needed)
+        assert observed.applied is False and act.applied == bool(act.changed)
 
 
 def test_nothing_changed_is_not_applied():

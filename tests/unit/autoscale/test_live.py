@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from trtpd.autoscale.core import FleetObservation
 from trtpd.autoscale.live import observe
 from trtpd.controller.types import InstanceRow
 from trtpd.percentiles import quantile
@@ -52,3 +53,66 @@ def test_live_and_simulated_measure_the_same_requests_alike():
     live = observe(NOW_S, WINDOW_S, samples(), None, TABLE, slo)
     assert live.roles["prefill"].ttft_p_s == pytest.approx(simulated.ttft_p_s, rel=1e-12)
     assert live.roles["decode"].tpot_p_s == pytest.approx(simulated.tpot_p_s, rel=1e-12)
+
+
+# ---- the model the live autoscaler acts on (issue: it always modelled cpu-reference) -----------------------------
+def _gpu_spec(tmp_path, extra: dict | None = None):
+    """llama-2-70b on the tensorrt-llm backend, prefill TP2 and decode TP4, engines as a finished build leaves
+    them, autoscaling on."""
+    import yaml
+    from tests.unit.controller.test_k8s_spec import finished_engines
+    from trtpd.controller.spec import load_spec
+
+    mount = tmp_path / "engines"
+    finished_engines(mount)
+    spec = {"name": "llama", "model": "llama-2-70b", "backend": "tensorrt-llm",
+            "engines": {"build_root": str(mount / "llama-2-70b")},
+            "roles": {"prefill": {"instances": 1, "tp": 2}, "decode": {"instances": 2, "tp": 4}},
+            "autoscaling": {"enabled": True, "max": {"prefill": 4, "decode": 4}, **(extra or {})}}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return load_spec(path)
+
+
+def test_a_gpu_deployment_is_modelled_on_its_hardware_at_each_roles_tp(tmp_path):
+    """The live autoscaler models the spec's model at the engines' TP and dtypes on the named profile, and counts
+    GPUs: a TP4 decode instance costs 4 of the budget."""
+    from trtpd.autoscale.live import live_autoscaler, performance_model
+    spec = _gpu_spec(tmp_path, {"hardware": "h100-sxm"})
+    hardware, options, source = performance_model(spec)
+    assert hardware.name == "h100-sxm" and (options.tp_prefill, options.tp_decode) == (2, 4)
+    assert options.weight_dtype == "fp8" and options.kv_dtype == "fp8" and source == "the engines' manifests"
+    autoscaler = live_autoscaler(spec)
+    assert autoscaler.policy.cost_per_instance == {"prefill": 2, "decode": 4}
+    assert autoscaler.policy.budget == 4 * 2 + 4 * 4
+    h200 = live_autoscaler(_gpu_spec(tmp_path / "h200", {"hardware": "h200"}))
+    probe = FleetObservation(0.0, 1.0, 2000.0, 200.0, {}, Slo(ttft_s=2.0, tpot_s=0.05))
+    assert h200.rate_per_instance("decode", probe) > autoscaler.rate_per_instance("decode", probe)   # more HBM/s
+
+
+def test_a_gpu_deployment_without_a_profile_or_plan_is_refused_naming_the_field(tmp_path):
+    from trtpd.controller.spec import check_revision
+    problems = check_revision(_gpu_spec(tmp_path), revision=1)
+    assert len(problems) == 1 and "autoscaling.hardware: the tensorrt-llm instances run on GPUs" in problems[0]
+    assert "h100-sxm" in problems[0]
+    problems = check_revision(_gpu_spec(tmp_path / "typo", {"hardware": "h100-sxmm"}), revision=1)
+    assert len(problems) == 1 and "autoscaling.hardware: no hardware profile 'h100-sxmm'" in problems[0]
+    problems = check_revision(_gpu_spec(tmp_path / "a100", {"hardware": "a100-80g"}), revision=1)
+    assert problems == ["revision 1: hardware 'a100-80g' has no FP8 support; use fp16 weights and KV"]   # fp8 engines
+    assert check_revision(_gpu_spec(tmp_path / "named", {"hardware": "h200"}), revision=1) == []
+
+
+def test_cpu_instances_are_modelled_on_cpu_reference_and_cost_cores(tmp_path, fp16_root):
+    """The reference backend and trtllm-serve's CPU twin: the reference engines on cpu-reference (or the profile
+    named, e.g. one `trtpd profile` measured here), costs in cores, not in the GPUs they do not have."""
+    from tests.unit.controller.test_spec import BASE, write
+    from trtpd.autoscale.live import live_policy, performance_model
+    from trtpd.controller.spec import load_spec
+    text = BASE.format(root=fp16_root).replace("    cpus_per_instance: 1\n", "    cpus_per_instance: 2\n")
+    for backend in ("reference", "trtllm-serve"):
+        spec = load_spec(write(tmp_path, text + f"backend: {backend}\nautoscaling: {{enabled: true}}\n"))
+        hardware, options, _ = performance_model(spec)
+        assert hardware.name == "cpu-reference" and options.weight_dtype == "fp32"
+        assert live_policy(spec).cost_per_instance == {"prefill": 1, "decode": 2}
+    named = load_spec(write(tmp_path, text + "autoscaling: {enabled: true, hardware: h100-sxm}\n"))
+    assert performance_model(named)[0].name == "h100-sxm"
