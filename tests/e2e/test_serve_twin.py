@@ -301,6 +301,45 @@ def test_metrics_are_iteration_stats_handed_out_once_and_only_when_enabled(serve
         worker.stop()
 
 
+def test_a_client_that_goes_away_aborts_its_request(serve_fleet, tmp_path):
+    """upstream's await_disconnected / a streamed body closed early: the request is aborted in the engine, which
+    stops stepping it (no iteration stats after the abort) and frees its KV (a later request is alone in the
+    engine, all but its own blocks free). Each step of this worker pauses 100 ms, so a 200-token request would run
+    for 20 s: long enough for a disconnect to land in it."""
+    (tmp_path / "stats.yaml").write_text("enable_iter_perf_stats: true\n")
+    worker = twin(tmp_path, "slow", serve_fleet["root"], "--extra_llm_api_options", str(tmp_path / "stats.yaml"),
+                  "--twin_step_delay_ms", "100")
+    body = {"model": "tiny-llama", "prompt": list(range(3, 103)), "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True, "detokenize": False}
+
+    def quiet_after_abort() -> dict:
+        deadline = time.monotonic() + 10
+        while True:      # until a whole second passes without a step
+            httpx.get(f"{worker.url}/metrics", timeout=10)
+            time.sleep(1.0)
+            stats = httpx.get(f"{worker.url}/metrics", timeout=10).json()
+            if not stats:
+                break
+            assert time.monotonic() < deadline, f"the request still runs: {stats[-1]}"
+        r = httpx.post(f"{worker.url}/v1/completions", timeout=60, json={**body, "max_tokens": 2})
+        assert r.status_code == 200
+        return httpx.get(f"{worker.url}/metrics", timeout=10).json()[0]    # after its first step: still running
+    try:
+        with httpx.stream("POST", f"{worker.url}/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+            lines = s.iter_lines()
+            while not next(lines).startswith("data:"):
+                pass           # the first token: the request runs; leaving the block closes the connection
+        alone = quiet_after_abort()
+        kv = alone["kvCacheStats"]
+        assert alone["numActiveRequests"] == 1 and kv["maxNumBlocks"] - kv["freeNumBlocks"] <= 8   # its own 102 tokens
+        with pytest.raises(httpx.ReadTimeout):   # not streamed: the worker notices within a second
+            httpx.post(f"{worker.url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+        alone = quiet_after_abort()
+        assert alone["numActiveRequests"] == 1
+    finally:
+        worker.stop()
+
+
 def _samples(fleet, since: float) -> list[dict]:
     from trtpd.kv.auth import gateway_admin_token
     r = httpx.get(f"{fleet['gateway'].url}/admin/requests", params={"since": since}, timeout=10,
