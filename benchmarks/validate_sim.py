@@ -10,12 +10,15 @@
    the relative error, and the mean absolute percentage error (MAPE) per workload (goal: every P50/P90 and
    goodput within 15%; BLIS's published MAPE is 11.8% E2E). ITL is not compared: the simulator records a
    request's first and last token, not each token.
-5. --account: where each cell's mean TTFT goes, real against simulated, term by term: the engines' own TTFT
+5. --record FILE: also writes the run (the measured profile, the engines' options, each cell's requests and real
+   latencies, the MAPE per workload) as a FidelityRecord (trtpd/sim/fidelity.py), which
+   tests/unit/sim/test_fidelity_record.py holds the simulator against on any machine,
+6. --account: where each cell's mean TTFT goes, real against simulated, term by term: the engines' own TTFT
    breakdown (prefill queue, prefill compute, decode queue, KV transfer: the perf outputs each real request
    carries, the simulator's TtftBreakdown) and the rest (the serving path: client, ensemble, pre/post-processing,
    the entry's hops; the simulator's response latency), and the mean TPOT.
 Run: .venv/bin/python benchmarks/validate_sim.py [--workloads cpu-demo,...] [--rates 1,2,3] [--num-requests 40]
-     [--account]
+     [--account] [--record tests/data/fidelity/record.json]
 """
 
 from __future__ import annotations
@@ -37,19 +40,10 @@ from trtpd.fleet import deployment
 from trtpd.perf.hardware import curves_origin, load_hardware
 from trtpd.repo.reference import ReferenceDeployment
 from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
-from trtpd.percentiles import quantile
+from trtpd.sim.fidelity import MODES, FidelityRecord, RecordedCell, cell_rows, mape, worst_decisive
 from trtpd.sim.metrics import Latencies, latencies, summarize
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
-
-MODES = ("disaggregated", "colocated")
-PERCENTILES = (50, 90, 99)
-
-
-def pct_ms(values: np.ndarray, p: int) -> float:
-    """The P`p` in ms, by trtpd's one percentile definition (trtpd/percentiles.py)."""
-    q = quantile(values, p / 100)
-    return float("nan") if q is None else q * 1e3
 
 
 def real_latencies(results) -> Latencies:
@@ -84,10 +78,6 @@ def sim_terms_ms(run) -> dict[str, float]:
     return {**terms, "rest": ttft - sum(terms.values()), "TTFT": ttft, "TPOT": float(np.nanmean(lat.tpot_s)) * 1e3}
 
 
-def error(sim: float, real: float) -> float:
-    return (sim - real) / real if real else float("nan")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="cpu-demo,cpu-powerlaw-long,cpu-bursty")
@@ -101,6 +91,7 @@ def main() -> int:
                     "(default: measure this machine now with `trtpd profile --serving`)")
     ap.add_argument("--kv-link-bytes-per-s", type=float, default=10e9, help="shm transfer bandwidth")
     ap.add_argument("--account", action="store_true", help="also print each cell's mean TTFT term by term")
+    ap.add_argument("--record", type=Path, help="write the run here (a FidelityRecord, JSON)")
     args = ap.parse_args()
     workloads = [w for w in args.workloads.split(",") if w]
     rates = [float(r) for r in args.rates.split(",") if r]
@@ -147,35 +138,48 @@ def main() -> int:
     print(f"\n{args.num_requests} requests per cell, seed {args.seed}, SLO TTFT <= {args.ttft_slo_s:g} s, "
           f"TPOT <= {args.tpot_slo_s * 1e3:g} ms; simulated with curves from {hw_path}")
     print(f"{'workload':<18} {'rate':>4} {'mode':<14} {'metric':<10} {'real':>9} {'sim':>9} {'error':>7}")
-    worst_decisive, summary, sim_terms = 0.0, {}, {}
+    worst, summary, sim_terms, recorded = 0.0, {}, {}, []
     for workload in workloads:
-        errs: list[float] = []
+        rows_of_workload = []
         for rate in rates:
             for mode in MODES:
                 run = simulate(clusters[mode], arrays[(workload, rate)])
                 sim_terms[(workload, rate, mode)] = sim_terms_ms(run)
-                lat = latencies(run, warmup_fraction=0.0)
-                sim, obs = lat, real[(workload, rate, mode)]
-                rows = [(f"{m.split('_')[0].upper()} P{p}", pct_ms(getattr(obs, m), p), pct_ms(getattr(sim, m), p),
-                         p < 99) for m in ("ttft_s", "tpot_s") for p in PERCENTILES]
-                # goodput: the offered rate times the share of requests meeting both SLOs (Latencies.attainment)
-                rows.append(("goodput/s", rate * obs.attainment(args.ttft_slo_s, args.tpot_slo_s),
-                             rate * sim.attainment(args.ttft_slo_s, args.tpot_slo_s), True))
-                for name, r, s, decisive in rows:
-                    e = error(s, r)
-                    if not np.isnan(e):
-                        errs.append(abs(e))
-                        if decisive:
-                            worst_decisive = max(worst_decisive, abs(e))
-                    print(f"{workload:<18} {rate:>4g} {mode:<14} {name:<10} {r:>9.1f} {s:>9.1f} {e:>+7.0%}")
-        summary[workload] = float(np.mean(errs)) if errs else float("nan")
+                obs = real[(workload, rate, mode)]
+                rows = cell_rows(obs, latencies(run, warmup_fraction=0.0), rate, args.ttft_slo_s, args.tpot_slo_s)
+                rows_of_workload += rows
+                for row in rows:
+                    print(f"{workload:<18} {rate:>4g} {mode:<14} {row.name:<10} {row.real:>9.1f} {row.sim:>9.1f} "
+                          f"{row.error:>+7.0%}")
+                a = arrays[(workload, rate)]
+                recorded.append(RecordedCell(workload, rate, mode, list(map(float, a.arrival_s)),
+                                             list(map(int, a.input_tokens)), list(map(int, a.output_tokens)),
+                                             *_real_lists(obs)))
+        summary[workload] = mape(rows_of_workload)
+        worst = max(worst, worst_decisive(rows_of_workload))
     print()
-    for workload, mape in summary.items():
-        print(f"MAPE {workload:<18} {mape:.1%}")
-    print(f"largest |error| among P50/P90 and goodput: {worst_decisive:.0%} (goal: 15%)")
+    for workload, value in summary.items():
+        print(f"MAPE {workload:<18} {value:.1%}")
+    print(f"largest |error| among P50/P90 and goodput: {worst:.0%} (goal: 15%)")
+    if args.record:
+        import datetime
+        from dataclasses import asdict
+        record = FidelityRecord(curves_origin(hardware, "tiny-llama"),
+                                datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                                "tiny-llama", hw_path.read_text(), asdict(opts), args.ttft_slo_s, args.tpot_slo_s,
+                                args.seed, recorded, summary)
+        args.record.parent.mkdir(parents=True, exist_ok=True)
+        record.save(args.record)
+        print(f"recorded into {args.record}")
     if args.account:
         print_account(real_terms, sim_terms)
     return 0
+
+
+def _real_lists(obs: Latencies) -> tuple[list, list, list]:
+    def values(a):
+        return [None if np.isnan(v) else float(v) for v in a]
+    return values(obs.ttft_s), values(obs.tpot_s), [bool(v) for v in obs.done]
 
 
 def print_account(real_terms: dict, sim_terms: dict) -> None:

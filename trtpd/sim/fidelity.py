@@ -1,0 +1,139 @@
+"""Simulation against reality, cell by cell: the percentiles and goodput that decide a plan, their errors and the
+mean absolute percentage error (MAPE). Pure.
+
+A cell is one workload at one rate in one mode: the same requests (arrivals and lengths) through a real deployment
+and through the simulator. `benchmarks/validate_sim.py` measures the real side and prints the comparison; it can
+record a run (`FidelityRecord`: the measured hardware profile, the clusters' options, each cell's requests and real
+latencies) so that the simulator can be held against that measurement later on any machine, deterministically:
+tests/unit/sim/test_fidelity_record.py fails when a change to the simulator doubles the recorded error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trtpd.percentiles import quantile
+from trtpd.sim.metrics import Latencies
+
+PERCENTILES = (50, 90, 99)
+MODES = ("disaggregated", "colocated")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared figure of a cell: ms for the latencies, requests/s for goodput."""
+
+    name: str            # "TTFT P50", ..., "goodput/s"
+    real: float
+    sim: float
+    decisive: bool       # P50/P90 and goodput decide a plan; P99 is printed, not judged by the goal
+
+    @property
+    def error(self) -> float:
+        """(sim - real) / real; NaN when the real figure is 0 or missing."""
+        return (self.sim - self.real) / self.real if self.real and not math.isnan(self.real) else float("nan")
+
+
+def pct_ms(values: np.ndarray, p: int) -> float:
+    """The P`p` in ms, by trtpd's one percentile definition (trtpd/percentiles.py)."""
+    q = quantile(values, p / 100)
+    return float("nan") if q is None else q * 1e3
+
+
+def cell_rows(real: Latencies, sim: Latencies, rate_per_s: float, ttft_slo_s: float, tpot_slo_s: float) -> list[Row]:
+    """TTFT and TPOT at P50/P90/P99, and goodput (the offered rate times the share of requests that meet both
+    SLOs, Latencies.attainment)."""
+    rows = [Row(f"{m.split('_')[0].upper()} P{p}", pct_ms(getattr(real, m), p), pct_ms(getattr(sim, m), p), p < 99)
+            for m in ("ttft_s", "tpot_s") for p in PERCENTILES]
+    rows.append(Row("goodput/s", rate_per_s * real.attainment(ttft_slo_s, tpot_slo_s),
+                    rate_per_s * sim.attainment(ttft_slo_s, tpot_slo_s), True))
+    return rows
+
+
+def mape(rows: list[Row]) -> float:
+    """Mean |error| over the rows that have one; NaN when none has."""
+    errors = [abs(r.error) for r in rows if not math.isnan(r.error)]
+    return float(np.mean(errors)) if errors else float("nan")
+
+
+def worst_decisive(rows: list[Row]) -> float:
+    return max((abs(r.error) for r in rows if r.decisive and not math.isnan(r.error)), default=0.0)
+
+
+# ---- a recorded run -------------------------------------------------------------------------------------------
+@dataclass
+class RecordedCell:
+    workload: str
+    rate_per_s: float
+    mode: str
+    arrival_s: list[float]
+    input_tokens: list[int]
+    output_tokens: list[int]
+    real_ttft_s: list[float | None]
+    real_tpot_s: list[float | None]
+    real_done: list[bool]
+
+    def real(self) -> Latencies:
+        def arr(values):
+            return np.array([np.nan if v is None else v for v in values], dtype=float)
+        return Latencies(arr(self.real_ttft_s), arr(self.real_tpot_s), np.array(self.real_done, dtype=bool))
+
+
+@dataclass
+class FidelityRecord:
+    """What one validate_sim run measured, enough to simulate its cells again anywhere."""
+
+    machine: str                  # where the real side and the profile were measured (curves_origin's words)
+    recorded_at: str
+    model: str
+    hardware_yaml: str            # the profile measured in the same run (trtpd profile --serving)
+    options: dict                 # ClusterOptions of the engines the real deployments ran
+    ttft_slo_s: float
+    tpot_slo_s: float
+    seed: int
+    cells: list[RecordedCell] = field(default_factory=list)
+    mape_at_record: dict[str, float] = field(default_factory=dict)   # per workload, the simulator as it was then
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> "FidelityRecord":
+        data = json.loads(Path(path).read_text())
+        data["cells"] = [RecordedCell(**c) for c in data["cells"]]
+        return cls(**data)
+
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(c.workload for c in self.cells))
+
+
+def simulate_record(record: FidelityRecord) -> dict[str, list[Row]]:
+    """Each recorded cell simulated again with the recorded profile and options, compared with its real
+    latencies: the rows per workload."""
+    import yaml
+
+    from trtpd.catalog import get_model
+    from trtpd.perf.hardware import HardwareProfile
+    from trtpd.perf.yaml_io import load_model
+    from trtpd.sim.cluster_specs import colocated_cluster, disaggregated_cluster
+    from trtpd.sim.metrics import latencies
+    from trtpd.sim.options import ClusterOptions
+    from trtpd.sim.simulator import simulate
+    from trtpd.sim.workload import RequestArrays
+
+    hardware = load_model(HardwareProfile, yaml.safe_load(record.hardware_yaml), "the recorded profile")
+    model, options = get_model(record.model), ClusterOptions(**record.options)
+    clusters = {"disaggregated": disaggregated_cluster(model, hardware, options),
+                "colocated": colocated_cluster(model, hardware, options)}
+    rows: dict[str, list[Row]] = {}
+    for cell in record.cells:
+        run = simulate(clusters[cell.mode], RequestArrays(cell.arrival_s, cell.input_tokens, cell.output_tokens))
+        rows.setdefault(cell.workload, []).extend(
+            cell_rows(cell.real(), latencies(run, warmup_fraction=0.0), cell.rate_per_s, record.ttft_slo_s,
+                      record.tpot_slo_s))
+    return rows
