@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
 from trtpd.cli import args as a
 from trtpd.cli.common import add_reference_args, reference_spec
@@ -28,6 +30,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--fleet: each instance a tritonserver with its role model (default), or a trtllm-serve worker "
                         "(on the CPU: trtpd's twin of one, python -m trtpd.serve_twin) reached over trtllm-serve's "
                         "HTTP protocol")
+    gpu = p.add_argument_group("--fleet --backend trtllm-serve on GPUs (docs/gpu-build.md)")
+    gpu.add_argument("--gpus", metavar="IDS|auto",
+                     help="the GPUs the workers may use, e.g. 0,1,2,3 (auto: those `nvidia-smi -L` lists): each "
+                          "instance gets its own set of tp_size x pp_size of them as CUDA_VISIBLE_DEVICES and runs "
+                          "the real trtllm-serve; without it the workers are the CPU twin")
+    gpu.add_argument("--serve-dir", type=Path, metavar="DIR",
+                     help="with --gpus: the deploy/serve-pytorch/ folder `trtpd build --model MODEL` wrote (the "
+                          "checkpoint, each role's flags and --extra_llm_api_options; default: "
+                          "<engines-dir>/<model>/deploy/serve-pytorch)")
+    gpu.add_argument("--serve-command", metavar="CMD", default="trtllm-serve",
+                     help="with --gpus: the program started with trtllm-serve's command line (default: %(default)s; "
+                          "e.g. 'python -m trtpd.serve_twin' takes the same flags)")
+    gpu.add_argument("--start-timeout", type=a.positive_float, metavar="S",
+                     help="with --gpus: seconds a worker may take to load and answer /health (default: 900)")
     p.add_argument("--triton-entry", action="store_true",
                    help="--fleet: also a Triton server with the ensemble, routed across the instances like the gateway")
     auth = p.add_mutually_exclusive_group()
@@ -53,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return run_fleet(args)
     if args.backend != "triton":
         raise a.ConfigError(f"--backend {args.backend} needs --fleet (one worker per instance, behind the gateway)")
+    a.refuse_given(args, GPU_FLAGS, "needs --fleet --backend trtllm-serve (real trtllm-serve workers on GPUs)")
     if args.gateway_port or args.api_key_file or args.no_auth or args.triton_entry:
         raise a.ConfigError("--gateway-port, --api-key-file, --no-auth and --triton-entry need --fleet (the single "
                             "server has no gateway; its ensemble is the Triton entry)")
@@ -88,17 +105,25 @@ def run_fleet(args: argparse.Namespace) -> int:
     if mode == "colocated" and args.mode != "colocated" and "mode" in a.given(args):
         a.refuse_given(args, ("colocated_instances",), f"not used by --mode {args.mode}")
     spec = reference_spec(args, mode)
-    starter = None
+    starter, on_gpus = None, {}
     if args.backend == "trtllm-serve":
         a.refuse_given(args, ("triton_entry", "kv_transport"), "not used by --backend trtllm-serve (its workers "
                                                                 "move KV as cache_transceiver_config says)")
         from trtpd.fleet.serve_workers import ServeStarter
-        starter = ServeStarter(spec)
+        workers = gpu_workers(args, mode)
+        starter = ServeStarter(spec, transceiver=None if workers else "default", gpus=workers)
+        if workers is not None:
+            on_gpus = {"gpu_ids": parse_gpus(args.gpus), "tokenizer_dir": workers.role("prefill").tokenizer_dir,
+                       "gpus_per_role": {r: w.gpus_per_instance for r, w in workers.roles.items()},
+                       "timeout_s": workers.start_timeout_s}
+    else:
+        a.refuse_given(args, GPU_FLAGS, "needs --backend trtllm-serve (real trtllm-serve workers on GPUs)")
     counts = ({"colocated": spec.colocated_instances} if mode == "colocated" else
               {"prefill": spec.prefill_instances, "decode": spec.decode_instances})
     print(f"starting {mode} fleet {args.name!r} ({', '.join(f'{n} {r}' for r, n in counts.items())}; "
-          f"decode first) ...", flush=True)
-    fleet = fleet_up(args.name, spec, replace=args.replace, triton_entry=args.triton_entry, starter=starter, **counts)
+          f"decode first{'; on GPUs ' + args.gpus if on_gpus else ''}) ...", flush=True)
+    fleet = fleet_up(args.name, spec, replace=args.replace, triton_entry=args.triton_entry, starter=starter,
+                     **counts, **on_gpus)
     try:
         attach_gateway(fleet, port=args.gateway_port, api_key_file=args.api_key_file, no_auth=args.no_auth)
     except BaseException:
@@ -109,8 +134,9 @@ def run_fleet(args: argparse.Namespace) -> int:
     for i in fleet.instances:
         s = i.server
         if i.protocol == "trtllm-serve":
+            gpus = f"  CUDA_VISIBLE_DEVICES={','.join(map(str, i.gpus))}" if i.gpus else ""
             print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  trtllm-serve http://{i.http_url}/v1  log {s.log_path}  "
-                  f"cpus {','.join(map(str, i.cpus))}")
+                  f"cpus {','.join(map(str, i.cpus))}{gpus}")
             continue
         print(f"  {i.name:<12} {i.role:<9} pid {s.pid}  gRPC {i.grpc_url}  HTTP http://{i.http_url}  "
               f"metrics {i.metrics_url}  KV {i.kv_advertise or '-'}  cpus {','.join(map(str, i.cpus))}")
@@ -121,6 +147,33 @@ def run_fleet(args: argparse.Namespace) -> int:
     if shares_cores([i.cpus for i in fleet.instances if i.role != "entry"]):
         print("  note: more instances than cores: instances share cores, so they slow each other down")
     return 0
+
+
+GPU_FLAGS = ("gpus", "serve_dir", "serve_command", "start_timeout")
+
+
+def gpu_workers(args: argparse.Namespace, mode: str):
+    """The real workers `--gpus` asks for (None: the CPU twin)."""
+    from trtpd.fleet.gpu_workers import load_gpu_workers
+    from trtpd.trtllm.deploy import SERVE_PYTORCH_DIR
+
+    if args.gpus is None:
+        a.refuse_given(args, GPU_FLAGS, "needs --gpus (without it the workers are the CPU twin)")
+        return None
+    if mode != "disaggregated":
+        raise a.ConfigError("--gpus: serve-pytorch/ renders context and generation workers; use --mode "
+                            "disaggregated (--prefill N --decode M)")
+    a.refuse_given(args, ("engines", "kv_dtype"), "not used with --gpus (the workers load the checkpoint "
+                                                  "serve-pytorch/launch.sh names)")
+    serve_dir = args.serve_dir or args.engines_dir / args.model / "deploy" / SERVE_PYTORCH_DIR
+    command = shlex.split(args.serve_command)
+    kwargs = {"start_timeout_s": args.start_timeout} if args.start_timeout else {}
+    return load_gpu_workers(serve_dir, command, **kwargs)
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    from trtpd.fleet.gpus import parse_gpus as parse
+    return parse(text)
 
 
 def run_spec(args: argparse.Namespace) -> int:

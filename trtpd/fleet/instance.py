@@ -32,6 +32,7 @@ class InstancePlan:
     kv_port: int = 0     # prefill: the KV exporter's port (fixed, so fleet.json can name it); else 0
     revision: int = 0    # the controller's revision this instance runs (0: not under a controller)
     step_delay_ms: int = 0   # fault injection: a pause after every engine step (rollout-gate tests)
+    gpus: tuple[int, ...] = ()   # its GPU set from the inventory (fleet/gpus.py); (): no GPU, the CPU twin
 
 
 def assign_cpus(count: int, available: list[int] | None = None) -> list[list[int]]:

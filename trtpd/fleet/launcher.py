@@ -16,6 +16,7 @@ from typing import Protocol
 from trtpd.engine.engine_config import EngineConfig, Role
 from trtpd.errors import ConfigError, TrtpdError
 from trtpd.fleet import records
+from trtpd.fleet.gpus import GpuInventory, GpuShortage
 from trtpd.fleet.instance import (ENTRY, InstancePlan, assign_cpus, instance_folder, pick_port, pick_ports,
                                   start_instance)
 from trtpd.fleet.records import FleetRecord, InstanceRecord
@@ -67,44 +68,88 @@ def fleet_mode(prefill: int, decode: int, colocated: int) -> str:
     return "disaggregated"
 
 
-def plan_waves(prefill: int, decode: int, colocated: int, cpus: list[int] | None = None) -> list[list[InstancePlan]]:
-    """The start order in waves: decode instances, then prefill (or the colocated ones); ports and cores
-    chosen up front so no two instances get the same."""
+def plan_waves(prefill: int, decode: int, colocated: int, cpus: list[int] | None = None,
+               gpus: GpuInventory | None = None, gpus_per_role: dict[str, int] | None = None) \
+        -> list[list[InstancePlan]]:
+    """The start order in waves: decode instances, then prefill (or the colocated ones); ports, cores and (with an
+    inventory) GPU sets chosen up front so no two instances get the same. A short inventory is refused before
+    anything starts, naming what every role needs."""
     fleet_mode(prefill, decode, colocated)
     roles = [("decode", decode), ("prefill", prefill)] if not colocated else [("colocated", colocated)]
+    if gpus is not None:
+        _check_gpus(gpus, roles, gpus_per_role or {})
     cores = iter(assign_cpus(prefill + decode + colocated, cpus))
     used: set[int] = set()
     waves = []
     for role, count in roles:
-        waves.append([InstancePlan(f"{role}-{i}", role, next(cores), pick_ports(used),
-                                   pick_port(used) if role == "prefill" else 0) for i in range(count)])
+        names = [f"{role}-{i}" for i in range(count)]
+        waves.append([InstancePlan(name, role, next(cores), pick_ports(used),
+                                   pick_port(used) if role == "prefill" else 0,
+                                   gpus=gpus.assign(name, gpus_per_role[role]) if gpus is not None else ())
+                      for name in names])
     return [w for w in waves if w]
+
+
+def _check_gpus(gpus: GpuInventory, roles: list[tuple[str, int]], gpus_per_role: dict[str, int]) -> None:
+    missing = [r for r, n in roles if n and r not in gpus_per_role]
+    if missing:
+        raise ConfigError(f"no GPU count per instance for {', '.join(missing)}")
+    need = sum(n * gpus_per_role[r] for r, n in roles)
+    if need > gpus.num_free:
+        parts = " + ".join(f"{r} {n}x{gpus_per_role[r]}" for r, n in roles if n)
+        raise GpuShortage(gpus.shortage(f"the fleet ({parts})", need))
+
+
+def gpus_held_elsewhere(name: str) -> dict[str, list[int]]:
+    """GPUs live instances of this host's other deployments hold ("<deployment>/<instance>" -> ids)."""
+    held = {}
+    root = records.trtpd_home() / "deployments"
+    for path in sorted(root.glob(f"*/{records.FLEET_FILE}")) if root.is_dir() else []:
+        if path.parent.name == name:
+            continue
+        try:
+            fleet = records.load_record(path.parent.name)
+        except TrtpdError:      # a broken record is `trtpd status`'s to report, not a reason to refuse here
+            continue
+        for inst in fleet.instances:
+            if inst.gpus and inst.server.is_alive():
+                held[f"{fleet.name}/{inst.name}"] = list(inst.gpus)
+    return held
 
 
 def fleet_up(name: str, spec: ReferenceDeployment, *, prefill: int = 0, decode: int = 0, colocated: int = 0,
              timeout_s: float = 240.0, replace: bool = False, starter: Starter | None = None,
-             cpus: list[int] | None = None, triton_entry: bool = False) -> FleetRecord:
+             cpus: list[int] | None = None, triton_entry: bool = False, gpu_ids: tuple[int, ...] | None = None,
+             gpus_per_role: dict[str, int] | None = None, tokenizer_dir: str | None = None) -> FleetRecord:
     """Starts the fleet `name` and returns once every instance is ready; with `triton_entry`, also a Triton
-    server holding the ensemble, whose orchestrator routes across the instances (after they are ready)."""
+    server holding the ensemble, whose orchestrator routes across the instances (after they are ready).
+    gpu_ids: the GPU inventory (each instance takes gpus_per_role[role] of them, none another live deployment
+    here holds); then the workers are what the starter runs on them, not the reference engines, and
+    tokenizer_dir is theirs."""
     mode = fleet_mode(prefill, decode, colocated)
     _check_name_free(name, replace)
-    first = spec.engine(Role.COLOCATED if mode == "colocated" else Role.PREFILL)
-    if mode == "disaggregated":
-        problems = check_pair(spec.engine(Role.PREFILL), spec.engine(Role.DECODE))
+    if gpu_ids is None:    # the reference engines run: they must exchange KV, and the tokenizer is theirs
+        first = spec.engine(Role.COLOCATED if mode == "colocated" else Role.PREFILL)
+        tokenizer_dir = tokenizer_dir or str(EngineConfig.load(first).checkpoint_path(first))
+        problems = check_pair(spec.engine(Role.PREFILL), spec.engine(Role.DECODE)) if mode == "disaggregated" \
+            else []
         if problems:
             raise ConfigError("prefill and decode engines are not compatible:\n  " + "\n  ".join(problems))
+    elif not tokenizer_dir:
+        raise ConfigError("a fleet on GPUs needs its workers' tokenizer folder (the gateway tokenizes with it)")
+    inventory = None if gpu_ids is None else GpuInventory.from_holders(gpu_ids, gpus_held_elsewhere(name))
+    waves = plan_waves(prefill, decode, colocated, cpus, inventory, gpus_per_role)
     folder = deployment.deployment_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
     from trtpd.kv.handle import load_or_create_key_file
     key_file = folder / KEY_FILE
     load_or_create_key_file(key_file)
-    fleet = FleetRecord(name, mode, str(spec.build_root), str(key_file),
-                        str(EngineConfig.load(first).checkpoint_path(first)))
+    fleet = FleetRecord(name, mode, str(spec.build_root), str(key_file), tokenizer_dir)
     fleet.save()
     starter = starter or LocalStarter(spec)
     try:
-        for wave in plan_waves(prefill, decode, colocated, cpus):
+        for wave in waves:
             started = []
             for plan in wave:
                 started.append((plan, starter.start(fleet, plan)))

@@ -56,6 +56,7 @@ class InstanceRecord:
     revision: int = 0           # the controller's revision it runs (0: a fleet started without a controller)
     admin_state: str = "ready"  # ready | draining: the controller's word to the gateway (no new requests)
     protocol: str = "triton-grpc"   # triton-grpc: a tritonserver; trtllm-serve: a worker (fleet/serve_workers.py)
+    gpus: list[int] = field(default_factory=list)   # the GPUs it holds (CUDA_VISIBLE_DEVICES; fleet/gpus.py)
 
     @property
     def grpc_url(self) -> str:
@@ -79,7 +80,7 @@ class InstanceRecord:
         """The shared fields (FleetFile's), then this host's own."""
         return {**self.routed().to_dict(), "server": self.server.to_dict(), "engine_dir": self.engine_dir,
                 "kv_transport": self.kv_transport, "kv_bind": self.kv_bind, "cpus": list(self.cpus),
-                "num_kv_blocks": self.num_kv_blocks}
+                "num_kv_blocks": self.num_kv_blocks, "gpus": list(self.gpus)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "InstanceRecord":

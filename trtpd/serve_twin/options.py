@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import yaml
 from trtpd.errors import ConfigError
 
 SERVER_ROLES = ("CONTEXT", "GENERATION")
+KEY_FILE_ENV = "TRTPD_KV_KEY_FILE"   # the deployment key when the command line is trtllm-serve's (fleet/gpu_workers.py)
 BACKENDS = ("pytorch", "tensorrt", "trt", "_autodeploy")
 # cache_transceiver_config.backend -> the trtpd KV transport the twin moves KV over (trtpd/kv/endpoint.py):
 # the twin has no NIXL or CUDA-aware UCX; a network transport for all but MPI, which trtpd's movers also have
@@ -89,8 +92,9 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{flag}", default=None, help=argparse.SUPPRESS)
     twin = p.add_argument_group("twin only (not trtllm-serve's)")
     twin.add_argument("--twin_key_file", type=Path, default=None,
-                      help="the deployment key file: signs KV handles, proves KV pulls and the orchestrator's "
-                           "requests (required with --server_role)")
+                      help=f"the deployment key file: signs KV handles, proves KV pulls and the orchestrator's "
+                           f"requests (required with --server_role; default: ${KEY_FILE_ENV}, which a fleet sets "
+                           f"when it starts the twin with trtllm-serve's own command line)")
     twin.add_argument("--twin_kv_host", default="127.0.0.1", help="the address the KV exporter binds (prefill)")
     twin.add_argument("--twin_step_delay_ms", type=int, default=0,
                       help="fault injection: a pause after every engine step (a deployment spec's step_delay_ms)")
@@ -99,8 +103,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str]) -> TwinOptions:
+def parse_args(argv: list[str], env: Mapping[str, str] | None = None) -> TwinOptions:
+    """env: where $TRTPD_KV_KEY_FILE is read (default: os.environ)."""
     args = parser().parse_args(argv)
+    env = os.environ if env is None else env
+    if args.twin_key_file is None and env.get(KEY_FILE_ENV):
+        args.twin_key_file = Path(env[KEY_FILE_ENV])
     ignored = [f"--{f}" for f in _GPU_FLAGS if getattr(args, f) is not None]
     if args.backend != "pytorch":
         ignored.append(f"--backend {args.backend}")
@@ -115,8 +123,8 @@ def parse_args(argv: list[str]) -> TwinOptions:
         raise ConfigError("--server_role is required with a disagg cluster (--disagg_cluster_uri or the YAML's "
                           "disagg_cluster): it says whether this worker registers as CONTEXT or GENERATION")
     if args.server_role and args.twin_key_file is None:
-        raise ConfigError(f"--server_role {args.server_role} needs --twin_key_file: the deployment key signs the "
-                          f"KV handles and the orchestrator's requests")
+        raise ConfigError(f"--server_role {args.server_role} needs --twin_key_file (or ${KEY_FILE_ENV}): the "
+                          f"deployment key signs the KV handles and the orchestrator's requests")
     return TwinOptions(model=args.model, host=args.host, port=args.port, backend=args.backend,
                        server_role=args.server_role, disagg_cluster_uri=args.disagg_cluster_uri,
                        tokenizer=args.tokenizer, kv_transport=llm.kv_transport,
