@@ -473,3 +473,77 @@ def test_rollouts_on_trtllm_serve_roll_back_a_slow_revision_and_promote_a_good_o
     assert [(r.number, r.status) for r in open_store("rs").revisions()] == \
         [(1, "superseded"), (2, "rolled_back"), (3, "promoted")]
     assert {i.protocol for i in load_fleet("rs").instances} == {"trtllm-serve"}
+
+
+def _environ(pid: int) -> dict[str, str]:
+    items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(i.decode().split("=", 1) for i in items if b"=" in i)
+
+
+def test_a_trtllm_serve_deployment_on_a_gpu_inventory_scales_within_it(trtpd_home, fp16_root, tmp_path):
+    """A spec with a `gpus` inventory: the controller starts the workers `trtpd build` rendered for the PyTorch
+    backend (serve-pytorch/launch.sh; the command pointed at the CPU twin, which takes trtllm-serve's command line),
+    each with CUDA_VISIBLE_DEVICES a set of its own. Under load decode scales 1 -> 2 onto the last free GPU, a third
+    decode is refused naming the GPUs it needs, and no request fails."""
+    import sys
+
+    engines = tmp_path / "gpu-engines"
+    assert trtpd(["build", "--model", "tiny-llama", "--configs-only", "--no-fp8", "--hf-model",
+                  str(fp16_root / "checkpoint"), "--engines-dir", str(engines)]) == 0
+    spec = tmp_path / "g.yaml"
+    spec.write_text(f"""name: g
+model: tiny-llama
+backend: trtllm-serve
+engines: {{build_root: {engines / 'tiny-llama'}}}
+roles:
+  prefill: {{instances: 1}}
+  decode: {{instances: 1}}
+gpus:
+  devices: [0, 1, 2]
+  serve_dir: {engines / 'tiny-llama' / 'deploy' / 'serve-pytorch'}
+  serve_command: {sys.executable} -m trtpd.serve_twin
+slo: {{ttft_s: 2.0, tpot_s: 0.1, attainment: 0.9}}
+rollout: {{drain_timeout_s: 20}}
+""")
+    bring_up(spec, progress=lambda *_: None)
+    try:
+        fleet = load_fleet("g")
+        model = fleet.instances[0].model
+        c = client("g")
+
+        def run(prompt: str) -> str:
+            stream = c.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                          stream=True)
+            return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+        reference = {p: run(p) for p in PROMPTS[:4]}
+        errors, results, stop = [], [], threading.Event()
+
+        def load() -> None:
+            n = 0
+            while not stop.is_set():
+                prompt = PROMPTS[n % 4]
+                try:
+                    results.append((prompt, run(prompt)))
+                except Exception as exc:   # reported by the test
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                n += 1
+        worker = threading.Thread(target=load, daemon=True)
+        worker.start()
+        try:
+            assert trtpd(["scale", "g", "decode=2", "--timeout-s", "120"]) == 0
+            deadline = time.monotonic() + 10
+            while counts("g")["decode"] != 2 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            served = len(results)
+            while len(results) < served + 4 and time.monotonic() < deadline + 30:
+                time.sleep(0.05)
+            assert trtpd(["scale", "g", "decode=3", "--timeout-s", "30"]) != 0      # 4 GPUs for 3 devices
+        finally:
+            stop.set()
+            worker.join(60)
+        sets = {i.name: _environ(i.server.pid)["CUDA_VISIBLE_DEVICES"] for i in load_fleet("g").instances}
+        assert sorted(sets.values()) == ["0", "1", "2"], sets
+        assert {i.name: list(i.gpus) for i in load_fleet("g").instances} == {n: [int(v)] for n, v in sets.items()}
+        assert errors == [] and [p for p, text in results if text != reference[p]] == []
+    finally:
+        assert trtpd(["down", "--name", "g"]) == 0

@@ -212,6 +212,9 @@ class Controller:
                 if n < 1:
                     raise TrtpdError(f"{role}={n}: at least 1 instance per role")
             new = {**counts, **payload["counts"]}
+            shortage = spec.gpu_shortage(new)
+            if shortage:
+                raise TrtpdError(f"scale to {new}: {shortage}")
             self.store.put("counts", new)
             self.store.audit(actor, "scale", self.stable_revision, {"from": counts, "to": new})
             return {"from": counts, "to": new}

@@ -90,7 +90,6 @@ def tick_until_ready(controller: Controller, store: ControllerStore, revision: i
 
 def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, progress=print) -> dict:
     """Returns {"name", "revision", "gateway", "instances"} once the fleet is ready and its controller runs."""
-    from trtpd.engine.engine_config import EngineConfig
     from trtpd.fleet.gateway_process import attach_gateway
     from trtpd.fleet.records import FleetRecord, has_record, load_fleet
     from trtpd.kv.handle import load_or_create_key_file
@@ -99,8 +98,8 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     spec = load_spec(spec_path)
     if spec.kubernetes is None and spec.backend not in ("reference", "trtllm-serve"):
         raise ConfigError(f"{spec_path}: backend {spec.backend}: the local executor runs the reference backend and "
-                          f"trtllm-serve (its CPU twin); for trtllm-serve pods on a cluster add a kubernetes "
-                          f"section (configs/deployments/README.md)")
+                          f"trtllm-serve (its CPU twin, or with a gpus section real workers); for pods on a cluster "
+                          f"add a kubernetes section (configs/deployments/README.md)")
     problems = check_revision(spec, None, revision=1)
     if problems:
         raise ConfigError(f"{spec_path}: refused:\n  " + "\n  ".join(problems))
@@ -124,8 +123,7 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     revision = record_revision(store, spec, spec_path)
     shapes = spec.role_shapes()
     first = shapes[spec.role_names[0]].engine_dir
-    fleet = FleetRecord(name, spec.mode, str(Path(first).parent), str(key_file),
-                        str(EngineConfig.load(Path(first)).checkpoint_path(Path(first))))
+    fleet = FleetRecord(name, spec.mode, str(Path(first).parent), str(key_file), tokenizer_dir(spec, Path(first)))
     fleet.routing = asdict(spec.routing_policy())
     fleet.save()
     controller = new_controller(store, name, spec.mode)
@@ -153,6 +151,16 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     fleet = load_fleet(name)
     return {"name": name, "revision": revision, "gateway": fleet.gateway, "roles": list(spec.role_names),
             "instances": [i.name for i in fleet.instances]}
+
+
+def tokenizer_dir(spec, first_engine: Path) -> str:
+    """The folder the gateway tokenizes with: the reference engines' checkpoint, or on GPUs the workers' --tokenizer."""
+    if spec.gpus is None:
+        from trtpd.engine.engine_config import EngineConfig
+        return str(EngineConfig.load(first_engine).checkpoint_path(first_engine))
+    from trtpd.fleet.gpu_workers import load_gpu_workers
+    return load_gpu_workers(spec.serve_dir(), spec.role_shapes()[spec.role_names[0]].serve_command) \
+        .role(spec.role_names[0]).tokenizer_dir
 
 
 def wait_controller(name: str, timeout_s: float = 30.0) -> dict:

@@ -1,6 +1,12 @@
 """The local executor: the controller's instances as this machine's tritonserver processes (the fleet's own
 start-up, fleet.json, stub watch), the gateway told of every change through fleet.json + POST /admin/reload.
 
+With `backend: trtllm-serve` an instance is a trtllm-serve worker instead (trtpd/fleet/serve_workers.py): its CPU
+twin, or with a spec's `gpus` the real worker on a GPU set of its own. The GPU sets live in fleet.json (each
+instance's `gpus`): before every start the inventory is rebuilt from them, from the instances still being stopped
+here, and from other deployments' live instances, so a stopped instance's GPUs are free again once its process
+has gone.
+
 Health: an instance is alive while its tritonserver runs and no stub of it died (stub_watch's death record);
 ready when the server answers ready and the gateway can route to it. Holds: the gateway's exact count of
 what it has in flight there, plus the instance's own waiting/active requests (for prefill: the KV exports it
@@ -16,12 +22,13 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from trtpd.controller.types import ObservedInstance, RoleShape, TrafficSplit
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.errors import TrtpdError
+from trtpd.fleet.gpus import GpuInventory
 from trtpd.fleet.instance import InstancePlan, instance_folder, pick_port, pick_ports, start_instance
 from trtpd.fleet.records import FleetRecord, load_fleet
 from trtpd.fleet.state import instance_state
@@ -40,6 +47,7 @@ class LocalExecutor:
         self.mode = mode
         self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         self._stopping: list[threading.Thread] = []   # servers being stopped (the loop does not wait for them)
+        self._releasing: dict[str, tuple[int, ...]] = {}   # GPUs the servers being stopped still hold
 
     # ---- the fleet record -------------------------------------------------------------------
     def fleet(self) -> FleetRecord:
@@ -123,7 +131,12 @@ class LocalExecutor:
                             pick_port(used) if role == "prefill" else 0, revision, shape.step_delay_ms)
         if shape.backend == "trtllm-serve":      # one executor for both: only the command differs
             from trtpd.fleet.serve_workers import ServeStarter
-            inst = ServeStarter(spec, transceiver=shape.kv_transport).start(fleet, plan)
+            workers = None
+            if shape.gpu_ids:                    # real workers, each on a GPU set of its own
+                from trtpd.fleet.gpu_workers import load_gpu_workers
+                workers = load_gpu_workers(shape.serve_dir, shape.serve_command)
+                plan = replace(plan, gpus=self._pick_gpus(fleet, name, shape))
+            inst = ServeStarter(spec, transceiver=shape.kv_transport, gpus=workers).start(fleet, plan)
         else:
             inst = start_instance(spec, fleet, plan)
         fleet = self.fleet()   # re-read: nothing else writes it while the controller runs, but stay safe
@@ -131,7 +144,19 @@ class LocalExecutor:
         self._save(fleet)
         return {"pid": inst.server.pid, "start_time": inst.server.start_time, "cpus": inst.cpus,
                 "grpc": inst.grpc_url, "http": inst.http_url, "metrics": inst.metrics_url, "kv": inst.kv_advertise,
-                "log": str(inst.server.log_path)}
+                "log": str(inst.server.log_path), **({"gpus": list(inst.gpus)} if inst.gpus else {})}
+
+    def gpu_inventory(self, fleet: FleetRecord, device_ids: tuple[int, ...]) -> GpuInventory:
+        """The inventory as it stands: what this deployment's instances hold (fleet.json), what the ones being
+        stopped still hold, and what other deployments' live instances here hold."""
+        from trtpd.fleet.launcher import gpus_held_elsewhere
+        holders = {**gpus_held_elsewhere(self.name), **dict(self._releasing)}
+        holders.update({i.name: list(i.gpus) for i in fleet.instances if i.gpus})
+        return GpuInventory.from_holders(device_ids, holders)
+
+    def _pick_gpus(self, fleet: FleetRecord, name: str, shape: RoleShape) -> tuple[int, ...]:
+        """A GPU set for instance `name` (GpuShortage, naming what is needed and free, when none is left)."""
+        return self.gpu_inventory(fleet, shape.gpu_ids).assign(name, shape.gpus_per_instance)
 
     def _pick_cpus(self, fleet: FleetRecord, count: int) -> list[int]:
         """The `count` cores the fewest running instances are pinned to (ties: lowest core)."""
@@ -162,12 +187,18 @@ class LocalExecutor:
             stub_watch.mark_stopping(folder, f"instance {name} is being stopped by the controller"
                                              f"{': ' + reason if reason else ''}; retry (other instances serve)")
 
+        if inst.gpus:      # still held until the process is gone
+            self._releasing[name] = tuple(inst.gpus)
+
         def finish() -> None:
-            stop_server(inst.server, FORCE_STOP_TIMEOUT_S if force else STOP_TIMEOUT_S)
             try:
-                deployment.clean_leftovers(inst.server)
-            except TrtpdError:
-                pass
+                stop_server(inst.server, FORCE_STOP_TIMEOUT_S if force else STOP_TIMEOUT_S)
+                try:
+                    deployment.clean_leftovers(inst.server)
+                except TrtpdError:
+                    pass
+            finally:
+                self._releasing.pop(name, None)
 
         self._stopping = [t for t in self._stopping if t.is_alive()]
         thread = threading.Thread(target=finish, name=f"stop-{name}", daemon=False)

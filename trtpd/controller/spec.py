@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -125,6 +126,16 @@ class RolloutSpec(_Strict):
     start_timeout_s: float = Field(180.0, gt=0)
 
 
+class GpusSpec(_Strict):
+    """Present (backend trtllm-serve, local executor): the instances are real trtllm-serve workers on this machine's
+    GPUs, as `trtpd build`'s deploy/serve-pytorch/ starts them (trtpd/fleet/gpu_workers.py), each on its own set of
+    `devices` (CUDA_VISIBLE_DEVICES). Absent: the CPU twin."""
+
+    devices: list[int] | Literal["auto"]  # the inventory (nvidia-smi's ids); auto: every GPU `nvidia-smi -L` lists
+    serve_dir: Path | None = None         # None: <engines.build_root>/deploy/serve-pytorch
+    serve_command: str = "trtllm-serve"   # the program given trtllm-serve's command line (split as a shell would)
+
+
 class KubernetesEnginesSpec(_Strict):
     mount_path: Path = Path("/engines")   # where pods see the volume; every engine folder must be under it
     pvc_name: str = ""                    # a PersistentVolumeClaim, or
@@ -169,6 +180,7 @@ class DeploymentSpec(_Strict):
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     rollout: RolloutSpec = Field(default_factory=RolloutSpec)
     kubernetes: KubernetesSpec | None = None   # None: local processes (the local executor)
+    gpus: GpusSpec | None = None               # None: on CPUs (trtllm-serve: its twin); see GpusSpec
 
     @model_validator(mode="after")
     def _resolve(self, info: ValidationInfo) -> "DeploymentSpec":
@@ -205,8 +217,26 @@ class DeploymentSpec(_Strict):
 
     def gpus_per_instance(self, role: str) -> int:
         spec = self.role(role)
-        on_gpus = self.backend == "tensorrt-llm" or self.kubernetes is not None
+        on_gpus = self.backend == "tensorrt-llm" or self.kubernetes is not None or self.gpus is not None
         return spec.gpus_per_instance or (spec.tp if on_gpus else 0)
+
+    def serve_dir(self) -> Path:
+        """The deploy/serve-pytorch/ folder the GPU workers come from (gpus.serve_dir, else beside the engines)."""
+        from trtpd.trtllm.deploy import SERVE_PYTORCH_DIR
+        if self.gpus is not None and self.gpus.serve_dir is not None:
+            return self.gpus.serve_dir
+        return self.engine_dir(self.role_names[0]).parent / "deploy" / SERVE_PYTORCH_DIR
+
+    def gpu_shortage(self, counts: dict[str, int]) -> str | None:
+        """Why `counts` instances do not fit the GPU inventory (None: they fit, or the spec runs on CPUs)."""
+        if self.gpus is None:
+            return None
+        need = sum(n * self.gpus_per_instance(r) for r, n in counts.items())
+        if need <= len(self.gpus.devices):
+            return None
+        parts = " + ".join(f"{r} {n}x{self.gpus_per_instance(r)}" for r, n in counts.items())
+        return (f"{need} GPUs needed ({parts}) but the inventory gpus.devices has {len(self.gpus.devices)} "
+                f"({self.gpus.devices}); add devices, or run fewer instances or a smaller tp")
 
     def engine_dir(self, role: str) -> Path:
         override = getattr(self.engines, role)
@@ -220,7 +250,7 @@ class DeploymentSpec(_Strict):
     def _shape(self, role: str) -> RoleShape:
         spec, engine = self.role(role), self.engine_dir(role)
         config, manifest = engine / "config.json", engine / "manifest.json"
-        for path in (config, manifest):
+        for path in (manifest,) if self.gpus is not None else (config, manifest):   # a GPU build: manifests only
             if not path.is_file():
                 raise ConfigError(f"{engine}: no {role} engine here ({path.name} missing; deployment {self.name}, "
                                   f"engines.{role if getattr(self.engines, role) else 'build_root'}); build it with "
@@ -228,15 +258,31 @@ class DeploymentSpec(_Strict):
         layout = load_manifest(engine).kv_layout()
         kv_signature = _digest([layout.dtype.value, layout.num_layers, layout.num_kv_heads, layout.head_size,
                                 layout.tokens_per_block, layout.scales_digest])
-        restart = {"engine_dir": str(engine), "config": _file_digest(config), "manifest": _file_digest(manifest),
-                   "kv_transport": self.kv_transport, "kv_transfer_timeout_ms": self.kv_transfer_timeout_ms,
+        restart = {"engine_dir": str(engine), "config": None if self.gpus is not None else _file_digest(config),
+                   "manifest": _file_digest(manifest), "kv_transport": self.kv_transport,
+                   "kv_transfer_timeout_ms": self.kv_transfer_timeout_ms,
                    "gpus_per_instance": self.gpus_per_instance(role),
-                   **{name: getattr(spec, name) for name in RESTART_FIELDS if name != "gpus_per_instance"}}
+                   **{name: getattr(spec, name) for name in RESTART_FIELDS if name != "gpus_per_instance"},
+                   **self._serve_restart(role)}
+        on_gpus = {} if self.gpus is None else {"gpu_ids": tuple(self.gpus.devices),
+                                                "serve_dir": str(self.serve_dir()),
+                                                "serve_command": tuple(shlex.split(self.gpus.serve_command))}
         return RoleShape(role=role, engine_dir=str(engine), config_hash=_digest(restart), kv_signature=kv_signature,
                          cpus_per_instance=spec.cpus_per_instance, gpus_per_instance=self.gpus_per_instance(role),
                          tp=spec.tp, max_batch_size=spec.max_batch_size, kv_transport=self.kv_transport,
                          kv_transfer_timeout_ms=self.kv_transfer_timeout_ms, step_delay_ms=spec.step_delay_ms,
-                         backend=self.backend)
+                         backend=self.backend, **on_gpus)
+
+    def _serve_restart(self, role: str) -> dict:
+        """On GPUs, what the worker is besides its engine: the serve folder, the command, and the rendered command
+        line and options (an in-place rebuild restarts the role). The inventory is not here: a new one applies to
+        the next starts."""
+        if self.gpus is None:
+            return {}
+        folder = self.serve_dir()
+        digests = {name: _file_digest(folder / name) if (folder / name).is_file() else None
+                   for name in ("launch.sh", f"{role}.yaml")}
+        return {"serve_dir": str(folder), "serve_command": self.gpus.serve_command, "serve_files": digests}
 
     def routing_policy(self) -> RoutingPolicy:
         return RoutingPolicy(**self.routing.model_dump())
@@ -300,6 +346,8 @@ def _resolve(spec: DeploymentSpec, base_dir: Path, trust_resolved: bool) -> list
             problems.append((("engines", role), f"mode {spec.mode} has no {role} role; remove this override"))
     if spec.kubernetes is not None and not problems:
         problems += _check_kubernetes(spec, base_dir)
+    if spec.gpus is not None and not problems:
+        problems += _check_gpus(spec, base_dir, trust_resolved)
     return problems + _check_autoscaling(spec)
 
 
@@ -339,6 +387,67 @@ def _check_kubernetes(spec: DeploymentSpec, base_dir: Path) -> list[Problem]:
         k.model_path = (base_dir / k.model_path).resolve()
     if k.model_path is not None and not k.model_path.is_relative_to(mount):
         problems.append((("kubernetes", "model_path"), f"{k.model_path} is not under {mount}"))
+    return problems
+
+
+def _check_gpus(spec: DeploymentSpec, base_dir: Path, trust_resolved: bool) -> list[Problem]:
+    """The gpus section: trtllm-serve on this machine, an inventory the initial instances fit, and roles whose tp
+    is the one serve-pytorch/launch.sh starts (read once when the spec is applied; a stored revision is trusted)."""
+    from trtpd.fleet.gpus import GpuInventory, detect_gpus
+    g, problems = spec.gpus, []
+    if spec.backend != "trtllm-serve" or spec.kubernetes is not None:
+        return [(("gpus",), f"real workers on this machine's GPUs are trtllm-serve's (backend {spec.backend}"
+                            f"{', with a kubernetes section' if spec.kubernetes else ''}); use backend: trtllm-serve "
+                            f"without a kubernetes section, or drop gpus")]
+    if spec.mode != "disaggregated":
+        return [(("gpus",), "serve-pytorch/ renders context and generation workers: use mode disaggregated")]
+    try:
+        g.devices = list(detect_gpus()) if g.devices == "auto" else g.devices
+        GpuInventory(tuple(g.devices))
+    except ConfigError as exc:
+        return [(("gpus", "devices"), str(exc))]
+    if not g.devices or min(g.devices) < 0:
+        return [(("gpus", "devices"), f"{g.devices}: give device ids (0, 1, ...) as nvidia-smi numbers them")]
+    if g.serve_dir is not None:
+        g.serve_dir = (base_dir / g.serve_dir.expanduser()).resolve()
+    for role in spec.role_names:
+        if spec.role(role).step_delay_ms:
+            problems.append((("roles", role, "step_delay_ms"), "the CPU twin's fault injection; real trtllm-serve "
+                                                               "workers have no such flag (set it to 0)"))
+    shortage = spec.gpu_shortage(spec.counts())
+    if shortage:
+        problems.append((("gpus", "devices"), f"the initial instances do not fit: {shortage}"))
+    scaling = spec.autoscaling
+    if scaling.enabled:
+        most = {r: scaling.max.get(r, spec.role(r).instances) for r in spec.role_names}
+        budget = scaling.budget_gpus if scaling.budget_gpus is not None else \
+            sum(n * spec.gpus_per_instance(r) for r, n in most.items())
+        if budget > len(g.devices):
+            problems.append((("autoscaling", "budget_gpus"), f"the autoscaler may hold {budget} GPUs, more than the "
+                                                             f"{len(g.devices)} of gpus.devices; set budget_gpus to "
+                                                             f"at most {len(g.devices)} (or lower autoscaling.max)"))
+    return problems + ([] if trust_resolved else _check_serve_dir(spec))
+
+
+def _check_serve_dir(spec: DeploymentSpec) -> list[Problem]:
+    from trtpd.fleet.gpu_workers import load_gpu_workers
+    where = ("gpus", "serve_dir") if spec.gpus.serve_dir is not None else ("engines", "build_root")
+    try:
+        command = shlex.split(spec.gpus.serve_command)
+        workers = load_gpu_workers(spec.serve_dir(), command)
+        roles = {role: workers.role(role) for role in spec.role_names}
+    except (ConfigError, ValueError) as exc:
+        loc = ("gpus", "serve_command") if "serve command" in str(exc) or isinstance(exc, ValueError) else where
+        return [(loc, str(exc))]
+    problems = []
+    for role, worker in roles.items():
+        if worker.gpus_per_instance != spec.gpus_per_instance(role):
+            flags = dict(worker.args)
+            tp, pp = flags.get("--tp_size", 1), flags.get("--pp_size", 1)
+            problems.append((("roles", role, "tp"), f"{spec.role(role).tp} (gpus_per_instance "
+                             f"{spec.gpus_per_instance(role)}), but {workers.serve_dir}/launch.sh starts the {role} "
+                             f"worker with --tp_size {tp} --pp_size {pp}; make them equal (or rebuild with trtpd "
+                             f"build --{role}-tp)"))
     return problems
 
 
@@ -403,7 +512,8 @@ def _check_role(spec: DeploymentSpec, role: str) -> list[Problem]:
         problems.append((("roles", role, "instances"), "Input should be greater than or equal to 1 (mode "
                          "disaggregated cannot scale a role to zero: with no prefill or no decode instance no "
                          "request is served)"))
-    on_cpus = spec.backend in CPU_BACKENDS and spec.kubernetes is None   # on Kubernetes: real trtllm-serve
+    # on Kubernetes or with a GPU inventory: real trtllm-serve
+    on_cpus = spec.backend in CPU_BACKENDS and spec.kubernetes is None and spec.gpus is None
     if on_cpus and mine.tp != 1:
         source = f" (from the plan {spec.plan})" if spec.plan else ""
         problems.append((("roles", role, "tp"), f"the {spec.backend} backend runs the reference engines here, tp 1 "
@@ -565,8 +675,8 @@ def _effects(path: str, old: DeploymentSpec, new: DeploymentSpec) -> list[str]:
         if role not in old.role_names or role not in new.role_names:
             return [f"restart:{role}"]
         return [f"scale:{role}" if parts[-1] == "instances" else f"restart:{role}"]
-    if parts[0] in ALL_ROLES_RESTART:
-        return [f"restart:{r}" for r in both]
+    if parts[0] in ALL_ROLES_RESTART or (parts[0] == "gpus" and parts[-1] != "devices"):
+        return [f"restart:{r}" for r in both]     # gpus.serve_dir, gpus.serve_command, the section added or removed
     if parts[0] == "engines":
         moved = [r for r in both if r not in old.role_names or r not in new.role_names
                  or old.engine_dir(r) != new.engine_dir(r)]

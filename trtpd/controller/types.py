@@ -37,6 +37,11 @@ class RoleShape:
     kv_transfer_timeout_ms: int = 30000
     step_delay_ms: int = 0       # fault injection: a pause after each engine step (rollout gate tests)
     backend: str = "reference"   # what an instance is: a tritonserver (reference) or a trtllm-serve worker
+    # on GPUs (a spec's gpus section; all empty: the CPU twin): the inventory the instances' GPU sets come from, and
+    # the serve-pytorch/ folder and command that start each worker (trtpd/fleet/gpu_workers.py)
+    gpu_ids: tuple[int, ...] = ()
+    serve_dir: str = ""
+    serve_command: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
