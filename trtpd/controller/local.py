@@ -28,7 +28,7 @@ from pathlib import Path
 from trtpd.controller.types import ObservedInstance, RoleShape, TrafficSplit
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.errors import TrtpdError
-from trtpd.fleet.gpus import GpuInventory
+from trtpd.fleet.gpus import GpuInventory, GpuShortage
 from trtpd.fleet.instance import InstancePlan, instance_folder, pick_port, pick_ports, start_instance
 from trtpd.fleet.records import FleetRecord, load_fleet
 from trtpd.fleet.state import instance_state
@@ -39,6 +39,7 @@ from trtpd.fleet.tritonserver import stop_server
 
 STOP_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
 FORCE_STOP_TIMEOUT_S = 0.5
+RELEASE_WAIT_S = 5.0     # how long a start waits for stops in progress to free the GPUs it needs
 
 
 class LocalExecutor:
@@ -155,8 +156,18 @@ class LocalExecutor:
         return GpuInventory.from_holders(device_ids, holders)
 
     def _pick_gpus(self, fleet: FleetRecord, name: str, shape: RoleShape) -> tuple[int, ...]:
-        """A GPU set for instance `name` (GpuShortage, naming what is needed and free, when none is left)."""
-        return self.gpu_inventory(fleet, shape.gpu_ids).assign(name, shape.gpus_per_instance)
+        """A GPU set for instance `name` (GpuShortage, naming what is needed and free, when none is left). A
+        replacement started in the pass that stopped its predecessor (healing on a full inventory) waits, at most
+        RELEASE_WAIT_S, for the stops still running to free their GPUs, instead of failing once."""
+        try:
+            return self.gpu_inventory(fleet, shape.gpu_ids).assign(name, shape.gpus_per_instance)
+        except GpuShortage:
+            if not self._releasing:
+                raise
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        for thread in self._stopping:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return self.gpu_inventory(self.fleet(), shape.gpu_ids).assign(name, shape.gpus_per_instance)
 
     def _pick_cpus(self, fleet: FleetRecord, count: int) -> list[int]:
         """The `count` cores the fewest running instances are pinned to (ties: lowest core)."""

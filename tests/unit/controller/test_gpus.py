@@ -150,11 +150,11 @@ def test_a_stopped_instances_gpus_are_free_once_its_process_is_gone(tmp_path, gp
     ex.start("decode-0", "decode", 1, shapes["decode"])
     ex.stop("prefill-0", force=True)
     assert [i.name for i in ex.fleet().instances] == ["decode-0"]                # the gateway forgets it at once
-    with pytest.raises(GpuShortage, match=r"held: decode-0 \[2, 3, 4, 5\], prefill-0 \[0, 1\]"):
-        ex.start("prefill-1", "prefill", 1, shapes["prefill"])                  # its process still runs
-    ex.wait_stopped()
-    ex.start("prefill-1", "prefill", 1, shapes["prefill"])
+    assert ex.gpu_inventory(ex.fleet(), (0, 1, 2, 3, 4, 5)).num_free == 0       # its process still runs
+    ex.start("prefill-1", "prefill", 1, shapes["prefill"])     # healing on a full inventory: waits for the stop
     assert started["prefill-1"] == (0, 1)
+    with pytest.raises(GpuShortage, match=r"held: decode-0 \[2, 3, 4, 5\], prefill-1 \[0, 1\]"):
+        ex.start("prefill-2", "prefill", 1, shapes["prefill"])                  # nothing being stopped: no wait
 
 
 # -- the controller ----------------------------------------------------------------------------------
