@@ -484,8 +484,9 @@ def test_a_trtllm_serve_deployment_on_a_gpu_inventory_scales_within_it(trtpd_hom
     """A spec with a `gpus` inventory: the controller starts the workers `trtpd build` rendered for the PyTorch
     backend (serve-pytorch/launch.sh; the command pointed at the CPU twin, which takes trtllm-serve's command line),
     each with CUDA_VISIBLE_DEVICES a set of its own. Under load decode scales 1 -> 2 onto the last free GPU, a third
-    decode is refused naming the GPUs it needs, a SIGKILLed decode is replaced on the GPU it held (at once: the
-    replacement waits for its predecessor's stop rather than failing a first start), and no request fails."""
+    decode is refused naming the GPUs it needs, a SIGKILLed prefill is replaced on the GPU it held (at once: its
+    GPU counts as free when its process is gone, or the replacement waits for the stop, rather than failing a first
+    start), and no request fails."""
     import sys
 
     engines = tmp_path / "gpu-engines"
@@ -539,7 +540,8 @@ rollout: {{drain_timeout_s: 20}}
             while len(results) < served + 4 and time.monotonic() < deadline + 30:
                 time.sleep(0.05)
             assert trtpd(["scale", "g", "decode=3", "--timeout-s", "30"]) != 0      # 4 GPUs for 3 devices
-            victim, killed_at, _ = kill_and_wait_replaced("g", "decode")   # healed on a full inventory
+            # healed on a full inventory (prefill: its requests are prefilled again; a decode's stream would break)
+            victim, killed_at, _ = kill_and_wait_replaced("g", "prefill")
             assert [e.detail for e in audit("g", "start_failed") if e.ts > killed_at] == []
         finally:
             stop.set()

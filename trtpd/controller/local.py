@@ -148,11 +148,12 @@ class LocalExecutor:
                 "log": str(inst.server.log_path), **({"gpus": list(inst.gpus)} if inst.gpus else {})}
 
     def gpu_inventory(self, fleet: FleetRecord, device_ids: tuple[int, ...]) -> GpuInventory:
-        """The inventory as it stands: what this deployment's instances hold (fleet.json), what the ones being
-        stopped still hold, and what other deployments' live instances here hold."""
+        """The inventory as it stands: what this deployment's live instances hold (fleet.json; a process that died,
+        say SIGKILLed, holds nothing even before the controller has stopped it), what the ones being stopped
+        still hold, and what other deployments' live instances here hold."""
         from trtpd.fleet.launcher import gpus_held_elsewhere
         holders = {**gpus_held_elsewhere(self.name), **dict(self._releasing)}
-        holders.update({i.name: list(i.gpus) for i in fleet.instances if i.gpus})
+        holders.update({i.name: list(i.gpus) for i in fleet.instances if i.gpus and i.server.is_alive()})
         return GpuInventory.from_holders(device_ids, holders)
 
     def _pick_gpus(self, fleet: FleetRecord, name: str, shape: RoleShape) -> tuple[int, ...]:
