@@ -30,6 +30,7 @@ import pytest
 import yaml
 
 from tests.fakes.kube_api import FakeKubeApi
+from tests.integration.test_k8s_executor import kube  # noqa: F401 (the fake API server fixture)
 from tests.unit.controller.test_k8s_spec import finished_engines
 from trtpd.cli.main import main
 from trtpd.controller.k8s.manifests import validate_manifests
@@ -46,6 +47,7 @@ class FakeGateway:
 
     def __init__(self, kube: FakeKubeApi) -> None:
         self.kube, self.holds, self.puts = kube, {}, []
+        self.health_reads = 0          # /health answers, each a controller pass reading the holds
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,6 +61,7 @@ class FakeGateway:
             def do_GET(self) -> None:
                 if self.path.startswith("/admin/requests"):
                     return self._answer(200, {"requests": []})
+                gateway.health_reads += 1
                 self._answer(200, {"instances": [{"name": n, "waiting": 0, "active": 0,
                                                   "gateway_holds": gateway.holds.get(n, 0)}
                                                  for n in gateway.instances()]})
@@ -85,14 +88,6 @@ class FakeGateway:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-@pytest.fixture
-def kube():
-    fake = FakeKubeApi()
-    fake.start()
-    yield fake
-    fake.stop()
 
 
 @pytest.fixture
@@ -207,7 +202,8 @@ def test_up_status_scale_with_drain_then_down(kube, gateway, home, spec_file, ca
     code, out = trtpd(capsys, "scale", NAME, "decode=1", "--no-wait")
     assert code == 0, out
     put = wait_for(lambda: [p for p in gateway.puts if p[:2] == ("decode-1", "draining")], 20, "the drain")[0]
-    time.sleep(3.0)                                   # > quiet_s and several controller passes
+    seen = gateway.health_reads      # the controller reads the holds (> 0) on 4 more passes: > quiet_s (1 s) of them
+    wait_for(lambda: gateway.health_reads >= seen + 4 and time.monotonic() - put[2] > 1.5, 20, "passes seeing holds")
     assert replicas(kube, "llama-decode-r1") == 2 and victim_pod in pods_of(kube, "llama-decode-r1").values()
     assert not [c for c in kube.calls_to("PATCH", f"/pods/{victim_pod}") if "annotations" in c.body["metadata"]]
     holds_zero_s = time.monotonic()

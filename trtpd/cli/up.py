@@ -113,6 +113,7 @@ def run_fleet(args: argparse.Namespace) -> int:
         workers = gpu_workers(args, mode)
         starter = ServeStarter(spec, transceiver=None if workers else "default", gpus=workers)
         if workers is not None:
+            from trtpd.fleet.gpus import parse_gpus
             on_gpus = {"gpu_ids": parse_gpus(args.gpus), "tokenizer_dir": workers.role("prefill").tokenizer_dir,
                        "gpus_per_role": {r: w.gpus_per_instance for r, w in workers.roles.items()},
                        "timeout_s": workers.start_timeout_s}
@@ -169,11 +170,6 @@ def gpu_workers(args: argparse.Namespace, mode: str):
     command = shlex.split(args.serve_command)
     kwargs = {"start_timeout_s": args.start_timeout} if args.start_timeout else {}
     return load_gpu_workers(serve_dir, command, **kwargs)
-
-
-def parse_gpus(text: str) -> tuple[int, ...]:
-    from trtpd.fleet.gpus import parse_gpus as parse
-    return parse(text)
 
 
 def run_spec(args: argparse.Namespace) -> int:
