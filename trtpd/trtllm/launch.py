@@ -36,12 +36,15 @@ class TritonPorts:
         return {"triton http": self.http_port, "triton grpc": self.grpc_port, "triton metrics": self.metrics_port}
 
 
-def rank_args(rank: int, repo: Path, ports: TritonPorts, role_models: list[str]) -> list[tuple[str, str | None]]:
+def rank_args(rank: int, repo: Path, ports: TritonPorts, role_models: list[str],
+              shm_prefix: str = "prefix") -> list[tuple[str, str | None]]:
+    """`shm_prefix`: the python backend's shared-memory names start with it and the rank; a second world on the
+    host needs its own (fleet/tritonserver.py keys a server's by its port for the same reason)."""
     args: list[tuple[str, str | None]] = [
         ("--model-repository", str(repo)), ("--http-port", str(ports.http_port)),
         ("--grpc-port", str(ports.grpc_port)), ("--metrics-port", str(ports.metrics_port)),
         ("--disable-auto-complete-config", None),
-        ("--backend-config", f"python,shm-region-prefix-name=prefix{rank}_"),
+        ("--backend-config", f"python,shm-region-prefix-name={shm_prefix}{rank}_"),
     ]
     if rank > 0:
         args.append(("--model-control-mode", "explicit"))
@@ -51,13 +54,14 @@ def rank_args(rank: int, repo: Path, ports: TritonPorts, role_models: list[str])
 
 
 def mpirun_lines(world: RankLayout, repo: Path, ports: TritonPorts, role_models: list[str],
-                 env: dict[str, str]) -> list[str]:
+                 env: dict[str, str], shm_prefix: str = "prefix") -> list[str]:
     head = [("--allow-run-as-root", None)] + [("-x", name) for name in env]
     require_valid(check_args("mpirun", head + [("-n", "1")]), "mpirun command")
     require_valid(check_keys("env", env), "launch environment")
     lines = ["mpirun " + " ".join(f if v is None else f"{f} {v}" for f, v in head)]
     for rank in range(world.world_size):
-        args = " ".join(f if v is None else f"{f}={shlex.quote(v)}" for f, v in rank_args(rank, repo, ports, role_models))
+        args = rank_args(rank, repo, ports, role_models, shm_prefix)
+        args = " ".join(f if v is None else f"{f}={shlex.quote(v)}" for f, v in args)
         lines.append(("" if rank == 0 else ": ") + f"-n 1 {PINNED.tritonserver_bin} {args}")
     return lines
 
@@ -149,14 +153,21 @@ def _rank_table(world: RankLayout) -> list[str]:
     return rows
 
 
-def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: TritonPorts) -> str:
+def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: TritonPorts, *,
+                         deploy_dir: Path | None = None, cuda_visible_devices: str | None = None,
+                         shm_prefix: str = "prefix") -> str:
+    """For a world rendered beside the build's (trtllm/world.py): `deploy_dir`, the folder holding python/ and
+    tokenizer/ (default: the script's own, as `trtpd build` writes it); `cuda_visible_devices`, exported before
+    mpirun, the ranks' gpu_device_ids then index into it; `shm_prefix` (rank_args)."""
     r = plan.request
     terms = " + ".join(f"{s.instances} x {s.role} TP{s.tp_size}*PP{s.pp_size}" for s in r.roles)
     role_models = [s.role for s in r.roles]
     buffer = transfer_buffer_env(plan)
-    body = " \\\n    ".join(mpirun_lines(world, repo, ports, role_models, {**ORCHESTRATOR_ENV, **buffer}))
-    exports = "\n".join([f"export {k}={v}" for k, v in ORCHESTRATOR_ENV.items()]
-                        + [f"export {k}={v}" for k, v in buffer.items()])
+    body = " \\\n    ".join(mpirun_lines(world, repo, ports, role_models, {**ORCHESTRATOR_ENV, **buffer},
+                                                 shm_prefix))
+    devices = {} if cuda_visible_devices is None else {"CUDA_VISIBLE_DEVICES": cuda_visible_devices}
+    exports = "\n".join([f"export {k}={v}" for k, v in {**ORCHESTRATOR_ENV, **buffer, **devices}.items()])
+    here = '"$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"'
     return "\n".join([
         "#!/usr/bin/env bash",
         f"# Disaggregated Triton deployment of {r.model.name}: one MPI world of {world.world_size} ranks.",
@@ -177,7 +188,7 @@ def render_triton_launch(plan: BuildPlan, world: RankLayout, repo: Path, ports: 
         "set -euo pipefail",
         *tritonserver_guard_lines(),
         exports,
-        'DEPLOY_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        "DEPLOY_DIR=" + (here if deploy_dir is None else shlex.quote(str(deploy_dir))),
         *guard_lines("launch_triton.sh", "$DEPLOY_DIR/" + TOKENIZER_DIR),
         *install_python_package_lines(),
         *grpc_client_lines(),
