@@ -25,6 +25,7 @@ pytestmark = pytest.mark.e2e
 
 PROMPTS = [f"request {i}: " + "tell me about prefill and decode " * (1 + i % 5) for i in range(8)]
 MAX_TOKENS = 12
+LONG_TOKENS = 96
 
 
 def write_spec(path: Path, name: str, build_root: Path, *, decode: str = "{instances: 1}",
@@ -58,8 +59,8 @@ def complete(c: OpenAI, prompt: str, max_tokens: int = MAX_TOKENS) -> str:
 class Load:
     """`threads` clients sending the PROMPTS round robin (streaming, greedy) until stopped; bounded in time."""
 
-    def __init__(self, c: OpenAI, threads: int = 2, max_s: float = 240.0) -> None:
-        self.c, self.results, self.errors = c, [], []
+    def __init__(self, c: OpenAI, threads: int = 2, max_s: float = 240.0, max_tokens: int = MAX_TOKENS) -> None:
+        self.c, self.results, self.errors, self.max_tokens = c, [], [], max_tokens
         self._stop = threading.Event()
         self._deadline = time.monotonic() + max_s
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
@@ -69,7 +70,7 @@ class Load:
         while not self._stop.is_set() and time.monotonic() < self._deadline:
             prompt = PROMPTS[n % len(PROMPTS)]
             try:
-                self.results.append((prompt, complete(self.c, prompt)))
+                self.results.append((prompt, complete(self.c, prompt, self.max_tokens)))
             except Exception as exc:   # reported with its cause by the test
                 self.errors.append((prompt, f"{type(exc).__name__}: {exc}"))
             n += len(self._threads)
@@ -196,9 +197,10 @@ def test_sigkill_is_healed_and_prefill_requests_survive(deployment):
     assert [p for p, text in load.results if text != reference[p]] == []
 
 
-def test_drain_timeout_ends_what_is_left_with_an_error(deployment):
+@pytest.mark.parametrize("backend", ["reference", "trtllm-serve"])
+def test_drain_timeout_ends_what_is_left_with_an_error(deployment, backend):
     deployment("drain", decode="{instances: 2, step_delay_ms: 40}",
-               rollout="{drain_timeout_s: 2}")
+               rollout="{drain_timeout_s: 2}", backend=backend)
     c = client("drain")
     outcomes = []
 
@@ -301,13 +303,14 @@ def test_in_place_change_restarts_nothing(deployment, fp16_root, tmp_path, capsy
     assert view["controller"]["rollout"] is None
 
 
-def test_a_killed_controller_and_gateway_are_restarted_audited_and_the_controller_heals(deployment):
+@pytest.mark.parametrize("backend", ["reference", "trtllm-serve"])
+def test_a_killed_controller_and_gateway_are_restarted_audited_and_the_controller_heals(deployment, backend):
     """supervisord restarts the controller after SIGKILL; the restarted controller resumes from its store and heals
     an instance that died while no controller watched; a killed gateway is back on its port; every death and
     restart is in the audit log."""
     from trtpd.controller.daemon import controller_alive
     from trtpd.fleet.gateway_process import running_gateway
-    deployment("resume")
+    deployment("resume", backend=backend)
     store = open_store("resume")
     first = controller_alive(store)
     victim = next(i for i in load_fleet("resume").instances if i.role == "decode")
@@ -444,7 +447,8 @@ def test_rollouts_on_trtllm_serve_roll_back_a_slow_revision_and_promote_a_good_o
                                                                                   capsys):
     """The same canary, SLO gate and rollback on backend: trtllm-serve: a revision whose decode worker is slow
     (step_delay_ms) is rolled back without moving the stable workers; a good one is promoted, keeping the unchanged
-    prefill worker; no request fails and every response is the greedy output."""
+    prefill worker, then undone (`rollout --undo`: the first revision again); no request fails and every response is
+    the greedy output."""
     deployment("rs", backend="trtllm-serve")
     c = client("rs")
     reference = {p: complete(c, p) for p in PROMPTS}
@@ -467,11 +471,17 @@ def test_rollouts_on_trtllm_serve_roll_back_a_slow_revision_and_promote_a_good_o
         after = pids("rs")
         assert after["prefill-0"] == before["prefill-0"] and "decode-0" not in after
         load.served(4)      # the promoted revision serves
+        started = time.monotonic()
+        assert trtpd(["rollout", "--undo", "rs"]) == 0
+        timeline["undo"] = round(time.monotonic() - started, 2)
+        load.served(4)      # the revision undone to serves
     print(f"trtllm-serve rollout timelines (s): {timeline}; {len(load.results)} requests, errors {load.errors}")
     assert load.errors == []
     assert [p for p, text in load.results if text != reference[p]] == []
-    assert [(r.number, r.status) for r in open_store("rs").revisions()] == \
-        [(1, "superseded"), (2, "rolled_back"), (3, "promoted")]
+    store = open_store("rs")
+    assert [(r.number, r.status) for r in store.revisions()] == \
+        [(1, "superseded"), (2, "rolled_back"), (3, "superseded"), (4, "promoted")]
+    assert json.loads(json.dumps(store.revision(4).spec_json)) == store.revision(1).spec_json
     assert {i.protocol for i in load_fleet("rs").instances} == {"trtllm-serve"}
 
 
@@ -552,3 +562,40 @@ rollout: {{drain_timeout_s: 20}}
         assert errors == [] and [p for p, text in results if text != reference[p]] == []
     finally:
         assert trtpd(["down", "--name", "g"]) == 0
+
+
+def test_a_triton_world_is_replaced_by_a_bigger_world_under_streaming_load(deployment):
+    """backend tensorrt-llm: a revision is one world (here its CPU stand-in, the single-server reference deployment:
+    prefill and decode models in one tritonserver). `trtpd scale world prefill=2` starts a 2P1D world beside the
+    1P1D one, moves traffic through the canary and gate, drains the old world and stops it only after its last
+    stream ended; no request fails and every request's prefill and decode ran in one world."""
+    from trtpd.controller.local import LocalExecutor
+
+    deployment("world", backend="tensorrt-llm")
+    fleet = load_fleet("world")
+    assert [(i.name, i.role, i.world_roles) for i in fleet.instances] == [("world-0", "world", ["prefill", "decode"])]
+    c = client("world")
+    # streams longer than the drain's quiet second: a world stopped while one still runs would break it
+    reference = {p: complete(c, p, LONG_TOKENS) for p in PROMPTS}
+    started_s = time.time()
+    with Load(c, max_tokens=LONG_TOKENS) as load:
+        load.served(4)
+        began = time.monotonic()
+        assert trtpd(["scale", "world", "prefill=2", "--timeout-s", "180"]) == 0
+        replaced_s = round(time.monotonic() - began, 2)
+        load.served(4)      # the new world serves
+    ready = wait_audit("world", lambda e: e.action == "ready" and e.detail["instance"] == "world-1", 1, "world-1")
+    drained = wait_audit("world", lambda e: e.action == "drained", 1, "the old world drained")
+    stopped = wait_audit("world", lambda e: e.action == "stop" and e.detail["instance"] == "world-0", 1, "its stop")
+    print(f"world replacement: scale CLI {replaced_s} s (new world ready after {ready.detail['start_s']} s, old "
+          f"world drained in {drained.detail['drain_s']} s); {len(load.results)} requests under load")
+    assert load.errors == []
+    assert [p for p, text in load.results if text != reference[p]] == []
+    assert not audit("world", "drain_timeout") and drained.detail["instance"] == "world-0"
+    assert [(i.name, i.revision) for i in load_fleet("world").instances] == [("world-1", 2)]
+    samples = [s for s in LocalExecutor("world", "disaggregated").samples(started_s) if s.ok]
+    worlds = {s.prefill_instance.split(".")[0] for s in samples}
+    assert worlds == {"world-0", "world-1"}, worlds          # both served: the canary split, then the new world
+    assert all(s.decode_instance.split(".")[0] == s.prefill_instance.split(".")[0] for s in samples)
+    last_on_old = max(s.t for s in samples if s.decode_instance.startswith("world-0."))
+    assert last_on_old <= stopped.ts, (last_on_old, stopped.ts)

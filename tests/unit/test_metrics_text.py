@@ -29,3 +29,15 @@ def test_an_instance_view_from_triton_text():
     view = view_from_metrics("decode-0", "decode", TEXT)
     assert (view.waiting, view.active, view.max_batch_size) == (3, 2, 64)
     assert (view.free_kv_blocks, view.max_kv_blocks, view.tokens_per_block) == (900, 1024, 32)
+
+
+def test_a_world_endpoint_reads_only_its_own_models_series():
+    """A Triton MPI world serves prefill and decode from one metrics endpoint: each endpoint's view is its model's
+    (without the filter the prefill view took the decode model's queue and KV blocks)."""
+    prefill = TEXT.replace('model="decode"', 'model="prefill"').replace("} 3\n", "} 7\n").replace("} 900\n", "} 10\n")
+    both = prefill + TEXT.replace("# HELP", "# IGNORED HELP").replace("# TYPE", "# IGNORED TYPE")
+    p = view_from_metrics("world-0.prefill", "prefill", both, model="prefill", kv_domain="world-0")
+    d = view_from_metrics("world-0.decode", "decode", both, model="decode", kv_domain="world-0")
+    assert (p.waiting, p.free_kv_blocks, p.kv_domain) == (7, 10, "world-0")
+    assert (d.waiting, d.free_kv_blocks, d.kv_domain) == (3, 900, "world-0")
+    assert view_from_metrics("world-0.prefill", "prefill", TEXT, model="prefill").state == "starting"

@@ -107,8 +107,12 @@ def controller_view(name: str) -> dict | None:
     store = ControllerStore.for_deployment(name)
     alive = controller_alive(store)
     rollout = store.get("rollout")
+    counts, stable = store.get("counts"), store.get("stable_revision")
+    if counts and "world" in counts and stable:    # backend tensorrt-llm: what the stable world holds
+        counts = {**counts, **{f"world {r}": role["instances"] for r, role in
+                               store.revision(int(stable)).spec_json["roles"].items() if role}}
     return {"pid": alive["pid"] if alive else None, "running": alive is not None,
-            "stable_revision": store.get("stable_revision"), "counts": store.get("counts"),
+            "stable_revision": stable, "counts": counts,
             "rollout": {k: rollout[k] for k in ("revision", "phase", "reason")} if rollout else None}
 
 

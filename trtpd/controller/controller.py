@@ -100,7 +100,7 @@ class Controller:
                     and converged(self.store):   # decide from a fleet at its counts, not one still starting
                 self._autoscaled_s = now
                 self._autoscale(spec, stable, table, now)
-            want = {(role, stable): n for role, n in self.store.get("counts", spec.counts()).items()}
+            want = {(role, stable): n for role, n in self.store.get("counts", spec.unit_counts()).items()}
         indices = next_indices(self.store.instances(), self.store.get("next_index", {}))
         result = reconcile(want, table, observed, now, indices, reconcile_policy)
         for row in result.rows:
@@ -136,14 +136,14 @@ class Controller:
                 self._observed = decision.counts
                 self.store.audit(ACTOR, "autoscale_observed", stable, detail)
             return
-        counts = {**self.store.get("counts", spec.counts()), **decision.counts}
+        counts = {**self.store.get("counts", spec.unit_counts()), **decision.counts}
         self.store.put("counts", counts)
         self.store.audit(ACTOR, "autoscale", stable, detail)
 
     def _execute(self, action: Action, now: float) -> None:
         try:
             if action.kind == "start":
-                shape = self.spec(action.revision).role_shapes()[action.role]
+                shape = self.spec(action.revision).unit_shapes()[action.role]
                 detail = self.executor.start(action.instance, action.role, action.revision, shape)
                 row = self.store.instance(action.instance)
                 self.store.put_instance(replace(row, detail={**row.detail, **detail}))
@@ -203,7 +203,6 @@ class Controller:
                 raise TrtpdError(f"a rollout of revision {rollout_d['revision']} is in progress "
                                  f"({rollout_d['phase']}); scale after it ends")
             spec = self.spec(self.stable_revision)
-            counts = dict(self.store.get("counts", spec.counts()))
             unknown = sorted(set(payload["counts"]) - set(spec.role_names))
             if unknown:
                 raise TrtpdError(f"role(s) {', '.join(unknown)} not in this {spec.mode} deployment "
@@ -211,6 +210,9 @@ class Controller:
             for role, n in payload["counts"].items():
                 if n < 1:
                     raise TrtpdError(f"{role}={n}: at least 1 instance per role")
+            if spec.worlds:
+                return self._scale_world(spec, payload["counts"], actor, now)
+            counts = dict(self.store.get("counts", spec.counts()))
             new = {**counts, **payload["counts"]}
             shortage = spec.gpu_shortage(new)
             if shortage:
@@ -226,10 +228,10 @@ class Controller:
             old, new = self.spec(stable), self.spec(revision)
             changes = diff_specs(old, new)
             roles = changed_roles(old, new)
-            counts = self.store.get("counts", old.counts())
+            counts = self.store.get("counts", old.unit_counts())
             if not roles:   # no instance needs a restart: counts and settings applied where they run
                 self._apply_in_place(new)
-                self.store.put_many({"stable_revision": revision, "counts": new.counts()})
+                self.store.put_many({"stable_revision": revision, "counts": new.unit_counts()})
                 table = self.store.instances(states=ACTIVE)
                 for row in table:
                     self.store.put_instance(replace(row, revision=revision))
@@ -237,16 +239,45 @@ class Controller:
                 self.store.set_revision_status(stable, "superseded")
                 self.store.set_revision_status(revision, "promoted")
                 self.store.audit(actor, "apply_in_place", revision,
-                                 {"changes": [asdict(c) for c in changes], "counts": new.counts()})
+                                 {"changes": [asdict(c) for c in changes], "counts": new.unit_counts()})
                 return {"in_place": True}
-            r = start_rollout(revision, stable, roles, counts, new.counts(), now)
-            self.store.put("rollout", r.to_dict())
-            self.store.set_revision_status(revision, "canary")
-            self.store.audit(actor, "rollout_started", revision,
-                             {"from_revision": stable, "changed_roles": list(roles),
-                              "changes": [asdict(c) for c in changes]})
+            shortage = new.blue_green_shortage(old) if new.worlds else None
+            if shortage:
+                raise TrtpdError(f"revision {revision}: {shortage}")
+            self._begin_rollout(revision, roles, counts, new.unit_counts(), changes, actor, now)
             return {"in_place": False, "changed_roles": list(roles)}
         raise TrtpdError(f"unknown command {kind!r}")
+
+    def _begin_rollout(self, revision: int, roles: tuple[str, ...], counts: dict, new_counts: dict, changes: list,
+                       actor: str, now: float) -> None:
+        stable = self.stable_revision
+        r = start_rollout(revision, stable, roles, counts, new_counts, now)
+        self.store.put("rollout", r.to_dict())
+        self.store.set_revision_status(revision, "canary")
+        self.store.audit(actor, "rollout_started", revision,
+                         {"from_revision": stable, "changed_roles": list(roles),
+                          "changes": [asdict(c) for c in changes]})
+
+    def _scale_world(self, spec: DeploymentSpec, counts: dict[str, int], actor: str, now: float) -> dict:
+        """New counts on backend tensorrt-llm: a revision that differs only in them, rolled out as a new world
+        beside the running one (canary share, gate, then the old world drains and stops)."""
+        old = spec.counts()
+        new_counts = {**old, **counts}
+        if new_counts == old:
+            return {"from": old, "to": new_counts, "world": False}
+        data = spec.spec_json()
+        for role, n in counts.items():
+            data["roles"][role]["instances"] = n
+        new = DeploymentSpec.from_json(data)
+        shortage = new.blue_green_shortage(spec)
+        if shortage:
+            raise TrtpdError(f"scale to {new_counts}: {shortage}")
+        revision = self.store.add_revision(new.to_yaml(), new.spec_json(), f"trtpd scale {spec.name}", actor,
+                                           f"trtpd scale: {old} -> {new_counts}, a new world")
+        self.store.audit(actor, "scale", self.stable_revision, {"from": old, "to": new_counts, "revision": revision})
+        self._begin_rollout(revision, changed_roles(spec, new), self.store.get("counts", spec.unit_counts()),
+                            new.unit_counts(), diff_specs(spec, new), actor, now)
+        return {"from": old, "to": new_counts, "world": True, "revision": revision}
 
     # ---- the loop -----------------------------------------------------------------------------
     def converged(self) -> bool:

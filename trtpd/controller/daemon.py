@@ -68,7 +68,7 @@ def record_revision(store: ControllerStore, spec: DeploymentSpec, spec_path: Pat
     store.set_revision_status(revision, "promoted")
     for row in store.instances(states=("starting", "ready", "draining", "failed")):   # an earlier run's rows
         store.put_instance(replace(row, state="stopped", reason="deployment restarted"))
-    store.put_many({"stable_revision": revision, "counts": spec.counts(), "rollout": None, "traffic": None})
+    store.put_many({"stable_revision": revision, "counts": spec.unit_counts(), "rollout": None, "traffic": None})
     store.audit(actor(), "up", revision, {"source": str(spec_path), "counts": spec.counts()})
     return revision
 
@@ -96,10 +96,6 @@ def bring_up(spec_path: Path, *, timeout_s: float = 300.0, daemon: bool = True, 
     from trtpd.repo.reference import KEY_FILE
 
     spec = load_spec(spec_path)
-    if spec.kubernetes is None and spec.backend not in ("reference", "trtllm-serve"):
-        raise ConfigError(f"{spec_path}: backend {spec.backend}: the local executor runs the reference backend and "
-                          f"trtllm-serve (its CPU twin, or with a gpus section real workers); for pods on a cluster "
-                          f"add a kubernetes section (configs/deployments/README.md)")
     problems = check_revision(spec, None, revision=1)
     if problems:
         raise ConfigError(f"{spec_path}: refused:\n  " + "\n  ".join(problems))

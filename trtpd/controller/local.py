@@ -25,11 +25,11 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from trtpd.controller.types import ObservedInstance, RoleShape, TrafficSplit
+from trtpd.controller.types import WORLD, ObservedInstance, RoleShape, TrafficSplit
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.errors import TrtpdError
 from trtpd.fleet.gpus import GpuInventory, GpuShortage
-from trtpd.fleet.instance import InstancePlan, instance_folder, pick_port, pick_ports, start_instance
+from trtpd.fleet.instance import InstancePlan, instance_folder, pick_port, pick_ports, start_instance, start_world
 from trtpd.fleet.records import FleetRecord, load_fleet
 from trtpd.fleet.state import instance_state
 from trtpd.schema.request_sample import RequestSample
@@ -109,18 +109,20 @@ class LocalExecutor:
         views = {v["name"]: v for v in health["instances"]} if health else {}
         out = []
         for inst in fleet.instances:
-            if inst.role not in ("prefill", "decode", "colocated"):
+            if inst.role not in ("prefill", "decode", "colocated", WORLD):
                 continue
             state, reason = instance_state(fleet, inst)
-            view = views.get(inst.name)
-            routable = view is not None and view["state"] in ("ready", "draining")
+            seen = [views.get(e.name) for e in inst.endpoints()]     # a world: each of its role models
+            routable = all(v is not None and v["state"] in ("ready", "draining") for v in seen)
             alive = state in ("ready", "starting")
             ready = state == "ready" and (routable if health is not None else True)
             # the gateway counts its own requests exactly, the instance (lagging) also those the gateway no longer
             # tracks (an export a client abandoned): at least the larger of the two is still there
-            holds = -1 if view is None else max(view.get("gateway_holds", 0), view["waiting"] + view["active"])
-            out.append(ObservedInstance(inst.name, inst.role, inst.revision, alive, ready, holds,
-                                        reason or (f"gateway sees it {view['state']}" if view and not ready else "")))
+            holds = -1 if None in seen else sum(max(v.get("gateway_holds", 0), v["waiting"] + v["active"])
+                                                for v in seen)
+            unready = next((v for v in seen if v is not None and v["state"] not in ("ready", "draining")), None)
+            out.append(ObservedInstance(inst.name, inst.role, inst.revision, alive, ready, holds, reason or (
+                f"gateway sees it {unready['state']}" if unready and not ready else "")))
         return out
 
     def start(self, name: str, role: str, revision: int, shape: RoleShape) -> dict:
@@ -130,7 +132,13 @@ class LocalExecutor:
         used |= {int(i.kv_bind.rsplit(":", 1)[1]) for i in fleet.instances if i.kv_bind}
         plan = InstancePlan(name, role, self._pick_cpus(fleet, shape.cpus_per_instance), pick_ports(used),
                             pick_port(used) if role == "prefill" else 0, revision, shape.step_delay_ms)
-        if shape.backend == "trtllm-serve":      # one executor for both: only the command differs
+        if role == WORLD and shape.gpu_ids:      # a Triton MPI world on its own GPU set (trtllm/world.py)
+            from trtpd.fleet.gpu_world import start_gpu_world
+            plan = replace(plan, gpus=self._pick_gpus(fleet, name, shape))
+            inst = start_gpu_world(fleet, plan, Path(shape.serve_dir), {m.role: n for m, n in shape.world_roles})
+        elif role == WORLD:                      # its CPU stand-in: one tritonserver for the revision's every instance
+            inst = start_world(world_deployment(shape), fleet, plan)
+        elif shape.backend == "trtllm-serve":      # one executor for both: only the command differs
             from trtpd.fleet.serve_workers import ServeStarter
             workers = None
             if shape.gpu_ids:                    # real workers, each on a GPU set of its own
@@ -251,6 +259,19 @@ def reference_deployment(shape: RoleShape, mode: str) -> ReferenceDeployment:
     return ReferenceDeployment(build_root=engine.parent, mode=mode, kv_transport=kv_transport,
                                kv_transfer_timeout_ms=shape.kv_transfer_timeout_ms,
                                max_batch_size=shape.max_batch_size, **overrides)
+
+
+def world_deployment(shape: RoleShape) -> ReferenceDeployment:
+    """The single-server reference deployment standing in for a world on CPU: the world's roles' engines and counts.
+    Its KV moves over the twin's shm transport inside the one server, where TensorRT-LLM's world uses MPI."""
+    members = {member.role: (member, count) for member, count in shape.world_roles}
+    (prefill, n_prefill), (decode, n_decode) = members["prefill"], members["decode"]
+    engine = Path(prefill.engine_dir)
+    return ReferenceDeployment(build_root=engine.parent, mode="disaggregated", kv_transport="shm",
+                               prefill_instances=n_prefill, decode_instances=n_decode,
+                               kv_transfer_timeout_ms=shape.kv_transfer_timeout_ms,
+                               max_batch_size=max(prefill.max_batch_size, decode.max_batch_size),
+                               prefill_engine=engine, decode_engine=Path(decode.engine_dir))
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):

@@ -19,7 +19,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from trtpd.controller.types import ROLES, RoleShape
+from trtpd.controller.types import ROLES, UNITS, WORLD, RoleShape
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.errors import ConfigError
 from trtpd.perf.yaml_io import dump_yaml
@@ -33,9 +33,14 @@ HEADER = "# trtpd deployment spec (schema: trtpd/controller/spec.py, configs/dep
 MODE_ROLES = {"disaggregated": ("prefill", "decode"), "colocated": ("colocated",)}
 # trtllm-serve: cache_transceiver_config.backend (TensorRT-LLM 1.2.1's literals, lower-cased); its CPU twin moves
 # KV over trtpd's TCP transport whichever is named (docs/serve-twin.md)
-KV_TRANSPORTS = {"reference": ("shm", "tcp", "ucx", "mpi"), "tensorrt-llm": ("mpi", "ucx", "nixl"),
+# tensorrt-llm: Triton's tensorrtllm backend hard-codes CacheTransceiverConfig(BackendType::MPI) and no config.pbtxt
+# key selects another (model_instance_state.cc @c8c6df0 and @0c8de69; shared/reference/trtllm-1.2.md §3.5)
+KV_TRANSPORTS = {"reference": ("shm", "tcp", "ucx", "mpi"), "tensorrt-llm": ("mpi",),
                  "trtllm-serve": ("default", "ucx", "nixl", "mpi")}
-CPU_BACKENDS = ("reference", "trtllm-serve")   # run here on the reference engines (trtllm-serve: its CPU twin)
+DEFAULT_KV_TRANSPORT = {"reference": "shm", "tensorrt-llm": "mpi", "trtllm-serve": "ucx"}
+# run here on the reference engines without a gpus section: trtllm-serve as its CPU twin, tensorrt-llm as the
+# single-server reference deployment standing in for a Triton MPI world (prefill and decode in one tritonserver)
+CPU_BACKENDS = ("reference", "trtllm-serve", "tensorrt-llm")
 RESTART_FIELDS = ("tp", "cpus_per_instance", "gpus_per_instance", "max_batch_size", "step_delay_ms")
 ALL_ROLES_RESTART = ("backend", "model", "mode", "kv_transport", "kv_transfer_timeout_ms")
 Problem = tuple[tuple, str]     # (loc in the YAML, message)
@@ -127,12 +132,14 @@ class RolloutSpec(_Strict):
 
 
 class GpusSpec(_Strict):
-    """Present (backend trtllm-serve, local executor): the instances are real trtllm-serve workers on this machine's
-    GPUs, as `trtpd build`'s deploy/serve-pytorch/ starts them (trtpd/fleet/gpu_workers.py), each on its own set of
-    `devices` (CUDA_VISIBLE_DEVICES). Absent: the CPU twin."""
+    """Present (local executor): the instances run on this machine's GPUs, each on its own set of `devices`
+    (CUDA_VISIBLE_DEVICES). backend trtllm-serve: real trtllm-serve workers as `trtpd build`'s deploy/serve-pytorch/
+    starts them (trtpd/fleet/gpu_workers.py); backend tensorrt-llm: Triton MPI worlds rendered from the build's
+    deploy/ folder for each revision's counts (trtpd/trtllm/world.py). Absent: the CPU twin or stand-in."""
 
     devices: list[int] | Literal["auto"]  # the inventory (nvidia-smi's ids); auto: every GPU `nvidia-smi -L` lists
-    serve_dir: Path | None = None         # None: <engines.build_root>/deploy/serve-pytorch
+    # None: <engines.build_root>/deploy/serve-pytorch (trtllm-serve), <engines.build_root>/deploy (tensorrt-llm)
+    serve_dir: Path | None = None
     serve_command: str = "trtllm-serve"   # the program given trtllm-serve's command line (split as a shell would)
 
 
@@ -170,7 +177,7 @@ class DeploymentSpec(_Strict):
     backend: Literal["reference", "tensorrt-llm", "trtllm-serve"] = "reference"
     mode: Literal["disaggregated", "colocated"] = "disaggregated"
     engines: EnginesSpec = Field(default_factory=EnginesSpec)
-    kv_transport: str | None = None             # None: shm (reference), ucx (tensorrt-llm)
+    kv_transport: str | None = None             # None: shm (reference), mpi (tensorrt-llm), ucx (trtllm-serve)
     kv_transfer_timeout_ms: int = Field(30000, gt=0)
     roles: RolesSpec
     plan: Path | None = None
@@ -215,28 +222,81 @@ class DeploymentSpec(_Strict):
     def counts(self) -> dict[str, int]:
         return {role: self.role(role).instances for role in self.role_names}
 
+    # -- the controller's units: an instance per role, or (tensorrt-llm) one world per revision ----------------
+    @property
+    def worlds(self) -> bool:
+        """backend tensorrt-llm: a revision runs as one Triton MPI world holding every instance of every role, so
+        the controller's unit is the world (role WORLD, one per revision): new counts or a new config mean a new
+        world beside the old one (blue/green through a rollout), never an instance added to a running world."""
+        return self.backend == "tensorrt-llm"
+
+    @property
+    def unit_names(self) -> tuple[str, ...]:
+        return (WORLD,) if self.worlds else self.role_names
+
+    def unit_counts(self) -> dict[str, int]:
+        """What the controller keeps running of the stable revision: {role: n}, or {"world": 1}."""
+        return {WORLD: 1} if self.worlds else self.counts()
+
+    def unit_shapes(self) -> dict[str, RoleShape]:
+        """The controller's shapes: role_shapes(), or the world's (its roles' shapes and counts inside)."""
+        shapes = self.role_shapes()
+        if not self.worlds:
+            return shapes
+        members = tuple((shapes[r], self.role(r).instances) for r in self.role_names)
+        first = shapes[self.role_names[0]]
+        return {WORLD: RoleShape(
+            role=WORLD, engine_dir=str(Path(first.engine_dir).parent),
+            config_hash=_digest([(m.config_hash, n) for m, n in members]), kv_signature=first.kv_signature,
+            cpus_per_instance=sum(m.cpus_per_instance * n for m, n in members),
+            gpus_per_instance=self.world_gpus(self.counts()), kv_transport=self.kv_transport,
+            kv_transfer_timeout_ms=self.kv_transfer_timeout_ms, backend=self.backend, world_roles=members,
+            step_delay_ms=max(m.step_delay_ms for m, _ in members), gpu_ids=first.gpu_ids,
+            serve_dir=first.serve_dir)}
+
+    def world_gpus(self, counts: dict[str, int]) -> int:
+        """GPUs a world of `counts` instances holds (the orchestrator rank holds none); 0 on CPUs."""
+        return sum(n * self.gpus_per_instance(r) for r, n in counts.items())
+
     def gpus_per_instance(self, role: str) -> int:
         spec = self.role(role)
-        on_gpus = self.backend == "tensorrt-llm" or self.kubernetes is not None or self.gpus is not None
+        on_gpus = self.kubernetes is not None or self.gpus is not None
         return spec.gpus_per_instance or (spec.tp if on_gpus else 0)
 
     def serve_dir(self) -> Path:
-        """The deploy/serve-pytorch/ folder the GPU workers come from (gpus.serve_dir, else beside the engines)."""
+        """The folder the GPU instances come from (gpus.serve_dir, else beside the engines): deploy/serve-pytorch/
+        for trtllm-serve workers, the build's deploy/ for Triton worlds."""
         from trtpd.trtllm.deploy import SERVE_PYTORCH_DIR
         if self.gpus is not None and self.gpus.serve_dir is not None:
             return self.gpus.serve_dir
-        return self.engine_dir(self.role_names[0]).parent / "deploy" / SERVE_PYTORCH_DIR
+        deploy = self.engine_dir(self.role_names[0]).parent / "deploy"
+        return deploy if self.worlds else deploy / SERVE_PYTORCH_DIR
+
+    def _parts(self, counts: dict[str, int]) -> str:
+        return " + ".join(f"{r} {n}x{self.gpus_per_instance(r)}" for r, n in counts.items())
 
     def gpu_shortage(self, counts: dict[str, int]) -> str | None:
         """Why `counts` instances do not fit the GPU inventory (None: they fit, or the spec runs on CPUs)."""
         if self.gpus is None:
             return None
-        need = sum(n * self.gpus_per_instance(r) for r, n in counts.items())
+        need = self.world_gpus(counts)
         if need <= len(self.gpus.devices):
             return None
-        parts = " + ".join(f"{r} {n}x{self.gpus_per_instance(r)}" for r, n in counts.items())
-        return (f"{need} GPUs needed ({parts}) but the inventory gpus.devices has {len(self.gpus.devices)} "
-                f"({self.gpus.devices}); add devices, or run fewer instances or a smaller tp")
+        return (f"{need} GPUs needed ({self._parts(counts)}) but the inventory gpus.devices has "
+                f"{len(self.gpus.devices)} ({self.gpus.devices}); add devices, or run fewer instances or a smaller tp")
+
+    def blue_green_shortage(self, running: "DeploymentSpec") -> str | None:
+        """Why this revision's world cannot start beside `running`'s (None: it fits, or the worlds run on CPUs):
+        until the old world has drained both hold their GPUs."""
+        if self.gpus is None:
+            return None
+        new, old = self.world_gpus(self.counts()), running.world_gpus(running.counts())
+        if new + old <= len(self.gpus.devices):
+            return None
+        return (f"the new world ({self._parts(self.counts())}: {new} GPUs) starts beside the running one "
+                f"({running._parts(running.counts())}: {old} GPUs) until that one drains: {new + old} GPUs needed, "
+                f"but gpus.devices has {len(self.gpus.devices)} ({self.gpus.devices}); add devices, or change less "
+                f"at once (`trtpd down` then `trtpd up` restarts with no room needed, ending what is in flight)")
 
     def engine_dir(self, role: str) -> Path:
         override = getattr(self.engines, role)
@@ -335,20 +395,63 @@ def _resolve(spec: DeploymentSpec, base_dir: Path, trust_resolved: bool) -> list
         spec.role(role).instances = 1 if spec.role(role).instances is None else spec.role(role).instances
         spec.role(role).tp = spec.role(role).tp or 1
     transports = KV_TRANSPORTS[spec.backend]
-    spec.kv_transport = spec.kv_transport or ("shm" if spec.backend == "reference" else "ucx")
+    spec.kv_transport = spec.kv_transport or DEFAULT_KV_TRANSPORT[spec.backend]
     if spec.kv_transport not in transports:
+        why = (" (Triton's tensorrtllm backend hard-codes CacheTransceiverConfig(MPI); UCX or NIXL need backend "
+               "trtllm-serve)") if spec.backend == "tensorrt-llm" else ""
         problems.append((("kv_transport",), f"{spec.kv_transport!r} is not a {spec.backend} KV transport; "
-                                            f"use one of {', '.join(transports)}"))
+                                            f"use one of {', '.join(transports)}{why}"))
     for role in roles:
         problems += _check_role(spec, role)
     for role in ROLES:
         if role not in roles and getattr(spec.engines, role) is not None:
             problems.append((("engines", role), f"mode {spec.mode} has no {role} role; remove this override"))
+    if spec.worlds:
+        problems += _check_worlds(spec, base_dir)
     if spec.kubernetes is not None and not problems:
         problems += _check_kubernetes(spec, base_dir)
-    if spec.gpus is not None and not problems:
+    if spec.gpus is not None and not problems and not spec.worlds:
         problems += _check_gpus(spec, base_dir, trust_resolved)
     return problems + _check_autoscaling(spec)
+
+
+def _check_worlds(spec: DeploymentSpec, base_dir: Path) -> list[Problem]:
+    """backend tensorrt-llm (one world per revision): context/generation disaggregation, what a world cannot do,
+    and on GPUs an inventory the first world fits."""
+    problems = []
+    if spec.mode != "disaggregated":
+        problems.append((("mode",), f"{spec.mode}: a Triton MPI world (backend tensorrt-llm) holds context and "
+                                    f"generation instances; use mode disaggregated, or backend reference"))
+    if spec.autoscaling.enabled:
+        problems.append((("autoscaling", "enabled"), "the autoscaler changes instance counts in place; on backend "
+                                                     "tensorrt-llm new counts are a new world (`trtpd scale` "
+                                                     "rolls one out), so set enabled: false"))
+    if spec.gpus is not None and not problems:
+        problems += _check_inventory(spec, base_dir)
+        for role in spec.role_names:
+            if spec.role(role).step_delay_ms:
+                problems.append((("roles", role, "step_delay_ms"), "the CPU stand-in's fault injection; the "
+                                                                   "tensorrtllm backend has no such setting (set 0)"))
+        shortage = None if problems else spec.gpu_shortage(spec.counts())
+        if shortage:
+            problems.append((("gpus", "devices"), f"the first world does not fit: {shortage}"))
+    return problems
+
+
+def _check_inventory(spec: DeploymentSpec, base_dir: Path) -> list[Problem]:
+    """gpus.devices resolved (auto: nvidia-smi) and valid; gpus.serve_dir resolved against the spec's folder."""
+    from trtpd.fleet.gpus import GpuInventory, detect_gpus
+    g = spec.gpus
+    try:
+        g.devices = list(detect_gpus()) if g.devices == "auto" else g.devices
+        GpuInventory(tuple(g.devices))
+    except ConfigError as exc:
+        return [(("gpus", "devices"), str(exc))]
+    if not g.devices or min(g.devices) < 0:
+        return [(("gpus", "devices"), f"{g.devices}: give device ids (0, 1, ...) as nvidia-smi numbers them")]
+    if g.serve_dir is not None:
+        g.serve_dir = (base_dir / g.serve_dir.expanduser()).resolve()
+    return []
 
 
 def _check_kubernetes(spec: DeploymentSpec, base_dir: Path) -> list[Problem]:
@@ -393,23 +496,16 @@ def _check_kubernetes(spec: DeploymentSpec, base_dir: Path) -> list[Problem]:
 def _check_gpus(spec: DeploymentSpec, base_dir: Path, trust_resolved: bool) -> list[Problem]:
     """The gpus section: trtllm-serve on this machine, an inventory the initial instances fit, and roles whose tp
     is the one serve-pytorch/launch.sh starts (read once when the spec is applied; a stored revision is trusted)."""
-    from trtpd.fleet.gpus import GpuInventory, detect_gpus
     g, problems = spec.gpus, []
     if spec.backend != "trtllm-serve" or spec.kubernetes is not None:
-        return [(("gpus",), f"real workers on this machine's GPUs are trtllm-serve's (backend {spec.backend}"
-                            f"{', with a kubernetes section' if spec.kubernetes else ''}); use backend: trtllm-serve "
-                            f"without a kubernetes section, or drop gpus")]
+        return [(("gpus",), f"real workers on this machine's GPUs are trtllm-serve's or Triton MPI worlds (backend "
+                            f"{spec.backend}{', with a kubernetes section' if spec.kubernetes else ''}); use backend: "
+                            f"trtllm-serve or tensorrt-llm without a kubernetes section, or drop gpus")]
     if spec.mode != "disaggregated":
         return [(("gpus",), "serve-pytorch/ renders context and generation workers: use mode disaggregated")]
-    try:
-        g.devices = list(detect_gpus()) if g.devices == "auto" else g.devices
-        GpuInventory(tuple(g.devices))
-    except ConfigError as exc:
-        return [(("gpus", "devices"), str(exc))]
-    if not g.devices or min(g.devices) < 0:
-        return [(("gpus", "devices"), f"{g.devices}: give device ids (0, 1, ...) as nvidia-smi numbers them")]
-    if g.serve_dir is not None:
-        g.serve_dir = (base_dir / g.serve_dir.expanduser()).resolve()
+    problems = _check_inventory(spec, base_dir)
+    if problems:
+        return problems
     for role in spec.role_names:
         if spec.role(role).step_delay_ms:
             problems.append((("roles", role, "step_delay_ms"), "the CPU twin's fault injection; real trtllm-serve "
@@ -516,8 +612,9 @@ def _check_role(spec: DeploymentSpec, role: str) -> list[Problem]:
     on_cpus = spec.backend in CPU_BACKENDS and spec.kubernetes is None and spec.gpus is None
     if on_cpus and mine.tp != 1:
         source = f" (from the plan {spec.plan})" if spec.plan else ""
+        gpus = "" if spec.backend == "reference" else " (a gpus section runs it on this machine's GPUs)"
         problems.append((("roles", role, "tp"), f"the {spec.backend} backend runs the reference engines here, tp 1 "
-                                                f"only; got {mine.tp}{source}; use a plan with tp 1"))
+                                                f"only; got {mine.tp}{source}; use a plan with tp 1{gpus}"))
     if on_cpus and mine.gpus_per_instance:
         problems.append((("roles", role, "gpus_per_instance"), f"the {spec.backend} backend runs on CPUs here (the "
                                                                f"controller starts trtllm-serve's CPU twin); set 0"))
@@ -659,8 +756,8 @@ def diff_specs(old: DeploymentSpec, new: DeploymentSpec,
             changes += [SpecChange(path, before, after, effect) for effect in _effects(path, old, new)]
     if old_shapes is None:
         return changes
-    restarted, new_shapes = {c.effect for c in changes}, new.role_shapes()
-    for role in (r for r in new.role_names if r in old_shapes):
+    restarted, new_shapes = {c.effect for c in changes}, new.unit_shapes()
+    for role in (r for r in new.unit_names if r in old_shapes):
         if f"restart:{role}" not in restarted and old_shapes[role].config_hash != new_shapes[role].config_hash:
             changes.append(SpecChange(f"engines.{role}.content", old_shapes[role].config_hash,
                                       new_shapes[role].config_hash, f"restart:{role}"))
@@ -668,6 +765,14 @@ def diff_specs(old: DeploymentSpec, new: DeploymentSpec,
 
 
 def _effects(path: str, old: DeploymentSpec, new: DeploymentSpec) -> list[str]:
+    effects = _role_effects(path, old, new)
+    if old.worlds or new.worlds:    # a world holds every role: what restarts or scales a role is a new world
+        return sorted({f"restart:{WORLD}" if e.startswith(("restart:", "scale:")) and e != "restart:gateway" else e
+                       for e in effects})
+    return effects
+
+
+def _role_effects(path: str, old: DeploymentSpec, new: DeploymentSpec) -> list[str]:
     parts = path.split(".")
     both = [r for r in ROLES if r in old.role_names or r in new.role_names]
     if parts[0] == "roles" and len(parts) > 1:
@@ -697,11 +802,25 @@ def _leaves(data: object, prefix: str = "") -> dict[str, object]:
 
 def changed_roles(old: DeploymentSpec, new: DeploymentSpec,
                   old_shapes: dict[str, RoleShape] | None = None) -> tuple[str, ...]:
-    """Roles whose instances a rollout from old to new replaces (config_hash differs, or the role is new/gone).
-    old_shapes: the shapes recorded when `old` was applied (default: `old`'s engines as they are now)."""
-    old_shapes, new_shapes = old_shapes if old_shapes is not None else old.role_shapes(), new.role_shapes()
-    return tuple(r for r in ROLES if (r in old_shapes or r in new_shapes) and (
+    """Units (roles, or the world) whose instances a rollout from old to new replaces (config_hash differs, or the
+    unit is new/gone). old_shapes: the unit shapes recorded when `old` was applied (default: `old`'s engines as
+    they are now)."""
+    old_shapes, new_shapes = old_shapes if old_shapes is not None else old.unit_shapes(), new.unit_shapes()
+    return tuple(r for r in UNITS if (r in old_shapes or r in new_shapes) and (
         r not in old_shapes or r not in new_shapes or old_shapes[r].config_hash != new_shapes[r].config_hash))
+
+
+def _check_world_build(spec: DeploymentSpec, label: str) -> list[str]:
+    """Triton worlds on GPUs are rendered from the build's deploy/ folder (trtpd/trtllm/world.py): it must be a
+    finished tensorrt-llm build whose engines take the GPUs per instance the spec counts."""
+    from trtpd.trtllm.world import read_build
+    try:
+        build = read_build(spec.serve_dir())
+    except ConfigError as exc:
+        return [f"{label}: gpus.serve_dir: {exc}"]
+    return [f"{label}: roles.{role}: {spec.gpus_per_instance(role)} GPUs per instance, but the {role} engine "
+            f"{build.deploy_dir} serves is built for tp x pp = {build.gpus_per_instance(role)}; make them equal"
+            for role in spec.role_names if build.gpus_per_instance(role) != spec.gpus_per_instance(role)]
 
 
 def _check_autoscaler(spec: DeploymentSpec, label: str) -> list[str]:
@@ -739,6 +858,8 @@ def check_revision(new: DeploymentSpec, old: DeploymentSpec | None = None, *, re
                             f"the spec says {new.model}")
     if not problems and new.autoscaling.enabled:
         problems += _check_autoscaler(new, label)
+    if not problems and new.worlds and new.gpus is not None:
+        problems += _check_world_build(new, label)
     if problems or new.mode != "disaggregated":
         return problems
     problems += [f"{label}: prefill vs decode: {p}" for p in check_pair(new.engine_dir("prefill"),

@@ -16,8 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from trtpd.schema.fleet_file import WORLD   # one name for the controller's unit and the gateway's fleet file
+
 LIFECYCLE = ("starting", "ready", "draining", "stopped", "failed")
 ROLES = ("prefill", "decode", "colocated")
+# backend tensorrt-llm: the controller's unit is a Triton MPI world, one server process holding every prefill and
+# decode instance of a revision (the backend's KV moves over MPI inside that world only; DESIGN.md decision 1)
+UNITS = (*ROLES, WORLD)          # what an instance row's `role` can be
 ActionKind = Literal["start", "drain", "stop", "replace", "set_traffic", "promote", "rollback", "apply_in_place"]
 
 
@@ -42,6 +47,8 @@ class RoleShape:
     gpu_ids: tuple[int, ...] = ()
     serve_dir: str = ""
     serve_command: tuple[str, ...] = ()
+    # a world (role WORLD): the shape and instance count of each role it holds, in role order (else empty)
+    world_roles: tuple[tuple["RoleShape", int], ...] = ()
 
 
 @dataclass(frozen=True)

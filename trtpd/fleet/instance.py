@@ -1,5 +1,6 @@
 """One instance: a one-model repository (the `reference` role template, as repository_plan renders it for
-the single server) and its own tritonserver on its own ports, state folder and cores.
+the single server) and its own tritonserver on its own ports, state folder and cores. A world (backend
+tensorrt-llm on CPU) is the whole single-server repository in one tritonserver instead (start_world).
 
 Every instance of a fleet signs and verifies with the fleet's one KV key, so a prefill instance's handles
 and the orchestrator's tokens verify on any decode instance.
@@ -17,6 +18,7 @@ from trtpd.errors import ConfigError
 from trtpd.fleet.records import FleetRecord, InstanceRecord
 from trtpd.repo.reference import ReferenceDeployment, repository_plan
 from trtpd.repo.render import ModelPlan, render_repository
+from trtpd.schema.fleet_file import WORLD, world_endpoint
 from trtpd.serving import stub_watch
 from trtpd.fleet.tritonserver import ServerPorts, free_port, start_server
 
@@ -93,6 +95,37 @@ def render_entry(spec: ReferenceDeployment, fleet: FleetRecord, out_dir: Path) -
     entry = [ModelPlan(p.name, p.template, {**p.values, "fleet_file": str(fleet.path)} if p.name == "disagg_bls"
                        else p.values) for p in plans if p.name in ENTRY_MODELS]
     return render_repository(entry, out_dir, overwrite=True)
+
+
+WORLD_ROLES = (Role.PREFILL.value, Role.DECODE.value)
+
+
+def render_world(spec: ReferenceDeployment, plan: InstancePlan, key_file: Path, out_dir: Path) -> Path:
+    """A world's repository on CPU: the single-server reference deployment (ensemble, pre/post-processing, the
+    orchestrator, and spec.prefill_instances / decode_instances instances of the prefill and decode models in one
+    tritonserver), signed with the fleet's key, each role model's series labelled with its endpoint's name."""
+    plans = repository_plan(dataclasses.replace(spec, mode="disaggregated"), Path(key_file))
+    models = [ModelPlan(p.name, p.template, {**p.values, "instance_name": world_endpoint(plan.name, p.name),
+                                             "step_delay_ms": plan.step_delay_ms})
+              if p.name in WORLD_ROLES else p for p in plans]
+    return render_repository(models, out_dir, overwrite=True)
+
+
+def start_world(spec: ReferenceDeployment, fleet: FleetRecord, plan: InstancePlan) -> InstanceRecord:
+    """Renders and starts the tritonserver of a world standing in, on CPU, for a Triton MPI world (returns without
+    waiting for readiness). Its KV moves between its own prefill and decode models only (the gateway keeps a
+    request's two phases in one world)."""
+    configs = {role: EngineConfig.load(spec.engine(Role(role))) for role in WORLD_ROLES}
+    folder = instance_folder(fleet, plan.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    stub_watch.clear_state(folder)
+    repo = render_world(spec, plan, Path(fleet.key_file), folder / "repo")
+    server = start_server(repo, folder, host=HOST, ports=plan.ports, cpus=plan.cpus)
+    decode = configs[Role.DECODE.value]
+    return InstanceRecord(plan.name, WORLD, "ensemble", server, str(spec.build_root), spec.kv_transport, "", "",
+                          list(plan.cpus), decode.max_batch_size, decode.num_kv_blocks,
+                          min(c.max_input_len for c in configs.values()), decode.max_seq_len,
+                          revision=plan.revision, world_roles=list(WORLD_ROLES))
 
 
 def instance_folder(fleet: FleetRecord, name: str) -> Path:

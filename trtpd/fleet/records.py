@@ -19,7 +19,7 @@ from pathlib import Path
 
 from trtpd.errors import TrtpdError
 from trtpd.fleet.tritonserver import ServerProcess
-from trtpd.schema.fleet_file import FleetFile, RoutedInstance
+from trtpd.schema.fleet_file import FleetFile, RoutedInstance, world_endpoint
 
 FLEET_FILE = "fleet.json"
 SERVER = "server"   # a single-server deployment's one tritonserver: role models, BLS and ensemble in one
@@ -57,6 +57,17 @@ class InstanceRecord:
     admin_state: str = "ready"  # ready | draining: the controller's word to the gateway (no new requests)
     protocol: str = "triton-grpc"   # triton-grpc: a tritonserver; trtllm-serve: a worker (fleet/serve_workers.py)
     gpus: list[int] = field(default_factory=list)   # the GPUs it holds (CUDA_VISIBLE_DEVICES; fleet/gpus.py)
+    world_roles: list[str] = field(default_factory=list)   # role "world": the role models its one server holds
+
+    def endpoints(self) -> list[RoutedInstance]:
+        """A world's role models as the gateway routes to them ("<world>.<role>", tagged with the world); an
+        instance of one role is its own endpoint."""
+        if not self.world_roles:
+            return [self.routed()]
+        return [RoutedInstance(world_endpoint(self.name, role), role, role, self.grpc_url, self.metrics_url,
+                               self.max_input_len, self.max_seq_len, self.max_batch_size, self.http_url,
+                               self.revision, self.admin_state, "", self.protocol, world=self.name)
+                for role in self.world_roles]
 
     @property
     def grpc_url(self) -> str:
@@ -80,7 +91,7 @@ class InstanceRecord:
         """The shared fields (FleetFile's), then this host's own."""
         return {**self.routed().to_dict(), "server": self.server.to_dict(), "engine_dir": self.engine_dir,
                 "kv_transport": self.kv_transport, "kv_bind": self.kv_bind, "cpus": list(self.cpus),
-                "num_kv_blocks": self.num_kv_blocks, "gpus": list(self.gpus)}
+                "num_kv_blocks": self.num_kv_blocks, "gpus": list(self.gpus), "world_roles": list(self.world_roles)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "InstanceRecord":
@@ -129,17 +140,21 @@ class FleetRecord:
         """What the gateway reads of this record."""
         gateway = {k: v for k, v in (self.gateway or {}).items() if k != "new_api_key"} or None   # shown once
         return FleetFile(self.name, self.mode, self.key_file, self.tokenizer_dir,
-                         tuple(i.routed() for i in self.instances), build_root=self.build_root, traffic=self.traffic,
-                         routing=self.routing, gateway=gateway)
+                         tuple(e for i in self.instances for e in ((i.routed(),) if i.world_roles else ())
+                               + tuple(i.endpoints())), build_root=self.build_root,
+                         traffic=self.traffic, routing=self.routing, gateway=gateway)
 
     def to_dict(self) -> dict:
-        return {**self.fleet_file().to_dict(), "instances": [i.to_dict() for i in self.instances],
+        """fleet.json: every instance's record; a world's also as its endpoints (derived, skipped when read back)."""
+        endpoints = [e.to_dict() for i in self.instances if i.world_roles for e in i.endpoints()]
+        return {**self.fleet_file().to_dict(), "instances": [i.to_dict() for i in self.instances] + endpoints,
                 "supervisor": self.supervisor, "started_at": self.started_at}
 
     @classmethod
     def from_dict(cls, d: dict) -> "FleetRecord":
         return cls(d["name"], d["mode"], d["build_root"], d["key_file"], d["tokenizer_dir"],
-                   [InstanceRecord.from_dict(i) for i in d["instances"]], d.get("gateway"), d.get("supervisor"),
+                   [InstanceRecord.from_dict(i) for i in d["instances"] if not i.get("world")],
+                   d.get("gateway"), d.get("supervisor"),
                    d["started_at"], d.get("traffic"), d.get("routing"))
 
     def save(self) -> None:

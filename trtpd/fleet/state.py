@@ -43,7 +43,18 @@ def instance_view(fleet: FleetRecord, inst: InstanceRecord) -> dict:
             "start_time": inst.server.start_time, "grpc": inst.grpc_url, "http": inst.http_url,
             "metrics": inst.metrics_url, "kv": inst.kv_advertise, "cpus": inst.cpus,
             # a trtllm-serve worker's /metrics hands each iteration's stats out once: the gateway's probe reads them
-            "load": load(inst.metrics_url, inst.model) if state == "ready" and inst.protocol == "triton-grpc" else {}}
+            "load": _load(inst) if state == "ready" and inst.protocol == "triton-grpc" else {}}
+
+
+def _load(inst: InstanceRecord) -> dict[str, int]:
+    """An instance's load; a world's: its role models' together."""
+    if not inst.world_roles:
+        return load(inst.metrics_url, inst.model)
+    total: dict[str, int] = {}
+    for role in inst.world_roles:
+        for key, value in load(inst.metrics_url, role).items():
+            total[key] = total.get(key, 0) + value
+    return total
 
 
 def fleet_view(fleet: FleetRecord) -> dict:

@@ -21,6 +21,7 @@ class InstanceTarget:
     kv_endpoint: str = ""            # prefill: the KV exporter's host:port (give-ups by request id go there)
     protocol: str = "triton-grpc"    # triton-grpc (grpc_url) | trtllm-serve (http_url): schema/fleet_file.py
     http_url: str = ""
+    world: str = ""                  # the Triton MPI world serving it ("": none); KV moves only within one world
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def from_fleet_file(path: Path, **overrides) -> GatewayConfig:
     fleet = _read(Path(path))
     roles = fleet.routed
     instances = tuple(InstanceTarget(i.name, i.role, i.model, i.grpc_url, i.metrics_url, i.revision, i.kv_advertise,
-                                     i.protocol, i.http_url) for i in roles)
+                                     i.protocol, i.http_url, i.world) for i in roles)
     serving = [i for i in roles if i.role in ("decode", "colocated")] or roles
     name, eos = checkpoint_facts(Path(fleet.tokenizer_dir))
     overrides.setdefault("fleet_file", Path(path))
@@ -92,4 +93,4 @@ class FleetDirectives:
 
 def fleet_directives(path: Path) -> FleetDirectives:
     fleet = _read(Path(path))
-    return FleetDirectives(fleet.draining, fleet.traffic, fleet.routing)
+    return FleetDirectives(fleet.draining, fleet.routed_traffic, fleet.routing)

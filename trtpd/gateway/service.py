@@ -244,7 +244,8 @@ class FleetService:
         client = self.clients.get(inst.name)
         if inst.protocol == "trtllm-serve" and client is not None:
             return await client.probe(inst.role)     # its /metrics iteration stats (ServeClient.probe)
-        return await asyncio.to_thread(probe, inst.name, inst.role, inst.metrics_url)
+        return await asyncio.to_thread(probe, inst.name, inst.role, inst.metrics_url, model=inst.model if inst.world
+                                       else None, kv_domain=inst.world)
 
     async def _poll_forever(self) -> None:
         while True:

@@ -49,6 +49,9 @@ class InstanceView:
     max_kv_blocks: int = 0      # 0: unknown (no request is refused for size)
     max_batch_size: int = 0
     tokens_per_block: int = 32
+    # the instances it can exchange KV with: "" any; else only those with the same domain (a Triton MPI world: its
+    # KV moves over MPI inside the world, so a request prefilled there is decoded there)
+    kv_domain: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -164,7 +167,7 @@ class _Request:
     """What one request holds: prompt tokens queued at one instance, KV blocks reserved at one."""
 
     __slots__ = ("num_prompt_tokens", "max_new_tokens", "prefill_slot", "prefill_tokens", "kv_slot", "kv_blocks",
-                 "prefill_attempts", "decode_attempts", "excluded")
+                 "prefill_attempts", "decode_attempts", "excluded", "kv_domain")
 
     def __init__(self, num_prompt_tokens: int) -> None:
         self.num_prompt_tokens = num_prompt_tokens
@@ -176,6 +179,7 @@ class _Request:
         self.prefill_attempts = 0      # pick_prefill and pick_colocated calls
         self.decode_attempts = 0
         self.excluded: frozenset[str] = frozenset()
+        self.kv_domain = ""            # the KV domain of the prefill instance last picked (InstanceView.kv_domain)
 
     def drop_prefill(self) -> None:
         slot = self.prefill_slot
@@ -312,17 +316,21 @@ class Router:
         self._note_pick(slot)
         request.hold_prefill(slot, num_prompt_tokens)
         request.prefill_attempts += 1
+        request.kv_domain = slot.view.kv_domain
         return Route(request_id, slot.name, request.prefill_attempts)
 
     def pick_decode(self, request_id: str, num_prompt_tokens: int, max_new_tokens: int, now_s: float,
                     exclude: frozenset[str] = frozenset()) -> Route | None:
         """Most free KV blocks after this router's reservations (tie: fewer active sequences, then name),
         or with decode_load="sequences" the fewest sequences; skips instances that cannot hold
-        prompt + max_new_tokens at all."""
+        prompt + max_new_tokens at all, and those outside the KV domain of the prefill instance picked last."""
         request = self._request(request_id, num_prompt_tokens)
         exclude = exclude | request.excluded if request.excluded else exclude
         num_tokens = num_prompt_tokens + max_new_tokens
-        slot = self._choose_decode(self._routable["decode"], num_tokens, exclude)
+        group = self._routable["decode"]
+        if request.kv_domain:
+            group = [s for s in group if s.view.kv_domain == request.kv_domain]
+        slot = self._choose_decode(group, num_tokens, exclude)
         if slot is None:
             self._forget_if_idle(request_id, request)
             return None

@@ -32,6 +32,9 @@ class RoutedInstance:
     admin_state: str = "ready"   # ready | draining: the controller's word to the gateway (no new requests)
     kv_advertise: str = ""       # prefill: its KV exporter's host:port (give-ups by request id go there)
     protocol: str = "triton-grpc"   # one of PROTOCOLS
+    # the Triton MPI world serving this endpoint (backend tensorrt-llm; "" elsewhere): one server holds a world's
+    # prefill and decode models and its KV moves over MPI inside it, so a request's prefill and decode share a world
+    world: str = ""
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -64,6 +67,15 @@ class FleetFile:
         return tuple(i for i in self.instances if i.role in ROUTED_ROLES)
 
     @property
+    def routed_traffic(self) -> dict | None:
+        """The canary split in the gateway's terms (worlds' endpoints where the controller names worlds)."""
+        worlds: dict[str, list[str]] = {}
+        for i in self.instances:
+            if i.world:
+                worlds.setdefault(i.world, []).append(i.role)
+        return world_traffic(self.traffic, worlds)
+
+    @property
     def draining(self) -> frozenset[str]:
         return frozenset(i.name for i in self.instances if i.admin_state == "draining")
 
@@ -85,3 +97,23 @@ def read_fleet_file(path: "str | Path") -> FleetFile:
         return FleetFile.from_dict(json.loads(Path(path).read_text()))
     except (KeyError, TypeError) as exc:
         raise ValueError(f"not a fleet file ({type(exc).__name__}: {exc})") from None
+
+
+WORLD = "world"    # the controller's unit on backend tensorrt-llm (trtpd/controller/types.py)
+
+
+def world_endpoint(world: str, role: str) -> str:
+    """The name the gateway routes to for `role`'s model in world `world` (also its `instance` metrics label)."""
+    return f"{world}.{role}"
+
+
+def world_traffic(traffic: dict | None, worlds: dict[str, list[str]]) -> dict | None:
+    """The controller's canary split in the gateway's terms. The controller splits worlds (changed role "world",
+    the canary's world names); the gateway routes to the worlds' endpoints, so the changed roles become the roles
+    the worlds hold and each canary world its endpoints. `worlds`: {world name: its roles}."""
+    if not traffic or WORLD not in traffic.get("changed_roles", ()):
+        return traffic
+    held = {role for roles in worlds.values() for role in roles}
+    canary = [world_endpoint(w, role) for w in traffic.get("canary_instances", ()) for role in worlds.get(w, ())]
+    return {**traffic, "changed_roles": [r for r in ROUTED_ROLES if r in held],
+            "canary_instances": sorted(canary)}

@@ -57,16 +57,19 @@ def test_live_and_simulated_measure_the_same_requests_alike():
 
 # ---- the model the live autoscaler acts on (issue: it always modelled cpu-reference) -----------------------------
 def _gpu_spec(tmp_path, extra: dict | None = None):
-    """llama-2-70b on the tensorrt-llm backend, prefill TP2 and decode TP4, engines as a finished build leaves
-    them, autoscaling on."""
+    """llama-2-70b as trtllm-serve pods on Kubernetes (instances on GPUs), prefill TP2 and decode TP4, engines as a
+    finished build leaves them, autoscaling on. (Backend tensorrt-llm has no autoscaler: new counts are a new
+    world.)"""
     import yaml
     from tests.unit.controller.test_k8s_spec import finished_engines
     from trtpd.controller.spec import load_spec
 
     mount = tmp_path / "engines"
     finished_engines(mount)
-    spec = {"name": "llama", "model": "llama-2-70b", "backend": "tensorrt-llm",
+    spec = {"name": "llama", "model": "llama-2-70b", "backend": "trtllm-serve",
             "engines": {"build_root": str(mount / "llama-2-70b")},
+            "kubernetes": {"api_server": "https://10.0.0.1:6443", "gateway_image": "registry.example/trtpd:1",
+                           "engines": {"mount_path": str(mount), "pvc_name": "engines"}},
             "roles": {"prefill": {"instances": 1, "tp": 2}, "decode": {"instances": 2, "tp": 4}},
             "autoscaling": {"enabled": True, "max": {"prefill": 4, "decode": 4}, **(extra or {})}}
     path = tmp_path / "spec.yaml"
@@ -93,7 +96,7 @@ def test_a_gpu_deployment_is_modelled_on_its_hardware_at_each_roles_tp(tmp_path)
 def test_a_gpu_deployment_without_a_profile_or_plan_is_refused_naming_the_field(tmp_path):
     from trtpd.controller.spec import check_revision
     problems = check_revision(_gpu_spec(tmp_path), revision=1)
-    assert len(problems) == 1 and "autoscaling.hardware: the tensorrt-llm instances run on GPUs" in problems[0]
+    assert len(problems) == 1 and "autoscaling.hardware: the trtllm-serve instances run on GPUs" in problems[0]
     assert "h100-sxm" in problems[0]
     problems = check_revision(_gpu_spec(tmp_path / "typo", {"hardware": "h100-sxmm"}), revision=1)
     assert len(problems) == 1 and "autoscaling.hardware: no hardware profile 'h100-sxmm'" in problems[0]

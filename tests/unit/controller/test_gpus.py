@@ -84,7 +84,8 @@ def test_loading_refuses_by_field(tmp_path, gpu_root):
     message = load_error(tmp_path, gpu_root, ("gpus:\n", "gpus:\n  serve_dir: nowhere\n"))
     assert f"gpus.serve_dir: {(tmp_path / 'nowhere').resolve()}: no launch.sh here" in message
     message = load_error(tmp_path, gpu_root, ("backend: trtllm-serve\n", ""))
-    assert "gpus: real workers on this machine's GPUs are trtllm-serve's (backend reference)" in message
+    assert "gpus: real workers on this machine's GPUs are trtllm-serve's or Triton MPI worlds (backend reference)" \
+        in message
     message = load_error(tmp_path, gpu_root, ("tp: 2}", "tp: 2, step_delay_ms: 5}"))
     assert "roles.prefill.step_delay_ms: the CPU twin's fault injection" in message
     message = load_error(tmp_path, gpu_root, ("gpus:\n", "autoscaling: {enabled: true, max: {decode: 2}}\n"

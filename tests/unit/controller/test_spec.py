@@ -64,6 +64,8 @@ def test_shipped_examples_load_with_paths_resolved_against_their_folder():
     colocated = load_spec(REPO / "configs/deployments/tiny-colocated.yaml")
     assert colocated.counts() == {"colocated": 2}
     assert colocated.engine_dir("colocated").name == "colocated-tp1"
+    worlds = load_spec(REPO / "configs/deployments/tiny-worlds.yaml")
+    assert (worlds.worlds, worlds.kv_transport, worlds.unit_counts()) == (True, "mpi", {"world": 1})
 
 
 def test_defaults_fill_every_optional_section(tmp_path):
@@ -120,9 +122,12 @@ def test_roles_must_match_the_mode(tmp_path):
 def test_kv_transport_must_belong_to_the_backend(tmp_path):
     message = load_error(tmp_path, BASE.format(root="/x") + "kv_transport: nixl\n")
     assert message.startswith(f"{tmp_path / 'dep.yaml'}:12: kv_transport: 'nixl' is not a reference KV transport")
-    s = load_spec(write(tmp_path, BASE.format(root="/x") + "backend: tensorrt-llm\nkv_transport: nixl\n"))
-    assert s.kv_transport == "nixl"
-    assert load_spec(write(tmp_path, BASE.format(root="/x") + "backend: tensorrt-llm\n")).kv_transport == "ucx"
+    message = load_error(tmp_path, BASE.format(root="/x") + "backend: tensorrt-llm\nkv_transport: nixl\n")
+    assert message == (f"{tmp_path / 'dep.yaml'}:13: kv_transport: 'nixl' is not a tensorrt-llm KV transport; use "
+                       f"one of mpi (Triton's tensorrtllm backend hard-codes CacheTransceiverConfig(MPI); UCX or NIXL "
+                       f"need backend trtllm-serve)")
+    assert load_spec(write(tmp_path, BASE.format(root="/x") + "backend: tensorrt-llm\n")).kv_transport == "mpi"
+    assert load_spec(write(tmp_path, BASE.format(root="/x") + "backend: trtllm-serve\n")).kv_transport == "ucx"
 
 
 def test_autoscaling_budget_and_bounds(tmp_path):
@@ -191,8 +196,16 @@ def test_a_plan_with_tp_2_needs_the_gpu_backend(tmp_path):
     message = load_error(tmp_path, text + "plan: plans/small.yaml\n")
     assert message.startswith(f"{tmp_path / 'dep.yaml'}:9: roles.decode.tp: the reference backend runs the "
                               "reference engines here, tp 1 only; got 2 (from the plan")
-    s = load_spec(write(tmp_path, text + "plan: plans/small.yaml\nbackend: tensorrt-llm\n"))
+    message = load_error(tmp_path, text + "plan: plans/small.yaml\nbackend: tensorrt-llm\n")
+    assert message.endswith("use a plan with tp 1 (a gpus section runs it on this machine's GPUs)"), message
+    worlds = text + "plan: plans/small.yaml\nbackend: tensorrt-llm\ngpus: {devices: [0, 1, 2, 3, 4, 5]}\n"
+    message = load_error(tmp_path, worlds)
+    assert message.endswith("gpus.devices: the first world does not fit: 7 GPUs needed (prefill 3x1 + decode 2x2) but "
+                            "the inventory gpus.devices has 6 ([0, 1, 2, 3, 4, 5]); add devices, or run fewer "
+                            "instances or a smaller tp"), message
+    s = load_spec(write(tmp_path, worlds.replace("5]", "5, 6]")))
     assert (s.role("decode").tp, s.gpus_per_instance("decode"), s.engine_dir("decode").name) == (2, 2, "decode-tp2")
+    assert s.world_gpus(s.counts()) == 7 and s.serve_dir() == s.engines.build_root / "deploy"
     message = load_error(tmp_path, text + "plan: plans/missing.yaml\n")
     assert message.startswith(f"{tmp_path / 'dep.yaml'}:11: plan: {(tmp_path / 'plans/missing.yaml').resolve()}: "
                               "no such file")

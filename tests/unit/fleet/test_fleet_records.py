@@ -139,3 +139,44 @@ def test_a_single_server_is_recorded_in_the_same_record_as_a_fleet(home):
         load_fleet("one")
     with pytest.raises(TrtpdError, match="'many' is a fleet, not a single-server deployment"):
         deployment.Deployment.load("many")
+
+
+def test_a_world_is_one_record_and_two_routed_endpoints(home):
+    """A Triton MPI world (backend tensorrt-llm) is one process, so one record; the gateway routes to its role
+    models, so fleet.json also lists them, tagged with the world, with its revision and drain state. Read back,
+    the record is one instance again (the endpoints are derived), and the controller's canary split, which names
+    worlds, reaches the gateway as the worlds' endpoints."""
+    from trtpd.gateway.config import fleet_directives, from_fleet_file
+    from trtpd.schema.fleet_file import read_fleet_file
+
+    def world(name: str, http: int, revision: int) -> InstanceRecord:
+        w = instance(name, "world", http)
+        w.model, w.world_roles, w.revision = "ensemble", ["prefill", "decode"], revision
+        return w
+
+    fleet = FleetRecord("w", "disaggregated", "/e", "/k/kv.key", "/t", [world("world-0", 8000, 1),
+                                                                        world("world-1", 9000, 2)])
+    fleet.instances[0].admin_state = "draining"
+    fleet.traffic = {"stable_revision": 1, "canary_revision": 2, "canary_share": 0.5, "changed_roles": ["world"],
+                     "canary_instances": ["world-1"]}
+    fleet.save()
+    routed = read_fleet_file(fleet.path).routed
+    assert [(r.name, r.role, r.model, r.world, r.revision, r.admin_state, r.grpc_url) for r in routed] == [
+        ("world-0.prefill", "prefill", "prefill", "world-0", 1, "draining", "127.0.0.1:8001"),
+        ("world-0.decode", "decode", "decode", "world-0", 1, "draining", "127.0.0.1:8001"),
+        ("world-1.prefill", "prefill", "prefill", "world-1", 2, "ready", "127.0.0.1:9001"),
+        ("world-1.decode", "decode", "decode", "world-1", 2, "ready", "127.0.0.1:9001")]
+    split = read_fleet_file(fleet.path).routed_traffic
+    assert (split["changed_roles"], split["canary_instances"]) == (["prefill", "decode"],
+                                                                   ["world-1.decode", "world-1.prefill"])
+    again = load_fleet("w")
+    assert [(i.name, i.role, i.world_roles) for i in again.instances] == [
+        ("world-0", "world", ["prefill", "decode"]), ("world-1", "world", ["prefill", "decode"])]
+    assert again.traffic["changed_roles"] == ["world"]       # the controller's own words are kept
+    assert fleet_directives(fleet.path).traffic == split      # what the gateway applies
+    (home / "t").mkdir(parents=True, exist_ok=True)
+    (home / "t" / "config.json").write_text('{"eos_token_id": 2, "trtpd": {"model": "tiny-llama"}}')
+    fleet.tokenizer_dir = str(home / "t")
+    fleet.save()
+    config = from_fleet_file(fleet.path)
+    assert [(i.name, i.world) for i in config.instances] == [(r.name, r.world) for r in routed]

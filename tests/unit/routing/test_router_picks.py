@@ -289,3 +289,19 @@ def test_decode_started_drops_the_reservation_the_snapshot_now_counts():
     assert router.router_load("decode-0").reserved_kv_blocks == 0 and router.router_load("decode-0").num_requests == 0
     router.release("r")                               # harmless afterwards
     assert router.num_tracked_requests == 0
+
+
+def test_decode_stays_in_the_kv_domain_of_the_prefill_picked():
+    """Triton MPI worlds: KV moves over MPI inside one world only, so a request prefilled in world-1 is decoded
+    there even when world-0's decode has more free blocks; instances without a domain take any request."""
+    views = [prefill("world-0.prefill", queued_prompt_tokens=500, kv_domain="world-0"),
+             prefill("world-1.prefill", kv_domain="world-1"),
+             decode("world-0.decode", free=100, kv_domain="world-0"), decode("world-1.decode", free=10,
+                                                                               kv_domain="world-1")]
+    r = router(views)
+    assert r.pick_prefill("a", 10, 0.0).instance == "world-1.prefill"
+    assert r.pick_decode("a", 10, 4, 0.0).instance == "world-1.decode"
+    assert r.pick_decode("a", 10, 4, 0.0, exclude=frozenset({"world-1.decode"})) is None   # never world-0's
+    plain = router([prefill("prefill-0"), decode("decode-0", free=10), decode("decode-1", free=100)])
+    assert plain.pick_prefill("b", 10, 0.0).instance == "prefill-0"
+    assert plain.pick_decode("b", 10, 4, 0.0).instance == "decode-1"
