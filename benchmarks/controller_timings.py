@@ -1,8 +1,10 @@
 """How long the controller takes to add an instance, drain one (idle and under load) and heal a SIGKILL, next to
 baselines from the same run: a whole fleet's cold start (`trtpd up -f`), and one instance's own start-up
-(from start to ready, as the controller's audit log records it).
+(from start to ready, as the controller's audit log records it). `--backend trtllm-serve`: the same on its CPU
+twin's workers. `--backend tensorrt-llm`: a world per revision (docs/worlds.md), so the scale is a world replaced
+under load (command -> new world ready -> promoted -> old world stopped) and the heal a SIGKILLed world.
 
-    .venv/bin/python benchmarks/controller_timings.py [--repeats 3] [--engines engines]
+    .venv/bin/python benchmarks/controller_timings.py [--repeats 3] [--engines engines] [--backend reference]
 
 Needs the reference engines (`./scripts/demo.sh` builds them, or --engines with a `trtpd build` output).
 Every figure is min / median / max over the repeats, in seconds. Runs in a temporary TRTPD_HOME and stops
@@ -33,6 +35,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--engines", type=Path, default=ROOT / "engines")
+    p.add_argument("--backend", choices=("reference", "trtllm-serve", "tensorrt-llm"), default="reference")
     args = p.parse_args()
     build_root = (args.engines / "tiny-llama" / "reference-fp16").resolve()
     if not (build_root / "decode-tp1").is_dir():
@@ -48,8 +51,10 @@ def main() -> int:
     from trtpd.fleet.records import load_fleet
 
     spec = Path(home) / "bench.yaml"
-    spec.write_text(f"name: bench\nmodel: tiny-llama\nengines: {{build_root: {build_root}}}\n"
-                    f"roles:\n  prefill: {{instances: 1}}\n  decode: {{instances: 1}}\n")
+    spec.write_text(f"name: bench\nmodel: tiny-llama\nbackend: {args.backend}\n"
+                    f"engines: {{build_root: {build_root}}}\n"
+                    f"roles:\n  prefill: {{instances: 1}}\n  decode: {{instances: 1}}\n"
+                    f"rollout: {{canary_share: 0.5, bake_s: 5, min_requests: 6, max_ttft_ratio: 4, max_tpot_ratio: 4}}\n")
 
     def last_id() -> int:
         log = open_store("bench").audit_log()
@@ -67,6 +72,8 @@ def main() -> int:
             time.sleep(0.05)
         raise SystemExit(f"no {action} event within {timeout_s} s")
 
+    if args.backend == "tensorrt-llm":
+        return worlds(args, spec, trtpd, bring_up, load_fleet, last_id, events, wait_event)
     rows: dict[str, list[float]] = {k: [] for k in (
         "cold start: trtpd up -f (1 prefill + 1 decode, baseline)", "one instance start -> ready (baseline)",
         "scale decode 1->2: command -> new instance routable", "drain decode (idle): drain -> retired",
@@ -116,10 +123,63 @@ def main() -> int:
             rows["SIGKILL prefill -> replacement ready"].append(wait_event(since, "ready").ts - t0)
         finally:
             trtpd(["down", "--name", "bench"])
-    print(f"controller timings on {os.cpu_count()} cores, {args.repeats} repeats (min / median / max, s)")
+    report(args, rows)
+    return 0
+
+
+def report(args, rows: dict[str, list[float]]) -> None:
+    print(f"controller timings, backend {args.backend}, on {os.cpu_count()} cores, {args.repeats} repeats "
+          f"(min / median / max, s)")
     width = max(len(k) for k in rows)
     for name, values in rows.items():
         print(f"  {name:<{width}}  {summary(values)}")
+
+
+def worlds(args, spec, trtpd, bring_up, load_fleet, last_id, events, wait_event) -> int:
+    """backend tensorrt-llm: `trtpd scale bench prefill=2` replaces the 1P1D world by a 2P1D one under load."""
+    from openai import OpenAI
+
+    from trtpd.fleet.gateway_process import api_key
+    rows: dict[str, list[float]] = {k: [] for k in (
+        "cold start: trtpd up -f (a 1P1D world, baseline)", "one world start -> ready, idle (baseline)",
+        "scale prefill 1->2 under load: command -> new world ready", "  ... -> promoted (gate passed)",
+        "  ... -> old world stopped (drained)", "SIGKILL world -> replacement ready")}
+    for _ in range(args.repeats):
+        started = time.monotonic()
+        bring_up(spec, progress=lambda *_: None)
+        rows["cold start: trtpd up -f (a 1P1D world, baseline)"].append(time.monotonic() - started)
+        first = events(0, "ready")[0]
+        rows["one world start -> ready, idle (baseline)"].append(first.detail["start_s"])
+        fleet = load_fleet("bench")
+        client = OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key=api_key(fleet), max_retries=0)
+        try:
+            stop = threading.Event()
+
+            def load() -> None:
+                while not stop.is_set():
+                    list(client.completions.create(model="tiny-llama", prompt="hello " * 40, max_tokens=32,
+                                                   temperature=0, stream=True))
+            threads = [threading.Thread(target=load) for _ in range(2)]
+            for t in threads:
+                t.start()
+            time.sleep(2.0)
+            since, t0 = last_id(), time.time()
+            assert trtpd(["scale", "bench", "prefill=2", "--no-wait"]) == 0
+            rows["scale prefill 1->2 under load: command -> new world ready"].append(
+                wait_event(since, "ready", 300).ts - t0)
+            rows["  ... -> promoted (gate passed)"].append(wait_event(since, "rollout_promoting", 300).ts - t0)
+            rows["  ... -> old world stopped (drained)"].append(wait_event(since, "drained", 300).ts - t0)
+            wait_event(since, "rollout_finished", 60)
+            stop.set()
+            for t in threads:
+                t.join(60)
+            victim = load_fleet("bench").instances[0]
+            since, t0 = last_id(), time.time()
+            os.kill(victim.server.pid, signal.SIGKILL)
+            rows["SIGKILL world -> replacement ready"].append(wait_event(since, "ready", 300).ts - t0)
+        finally:
+            trtpd(["down", "--name", "bench"])
+    report(args, rows)
     return 0
 
 

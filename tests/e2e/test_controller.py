@@ -199,9 +199,10 @@ def test_sigkill_is_healed_and_prefill_requests_survive(deployment):
 
 @pytest.mark.parametrize("backend", ["reference", "trtllm-serve"])
 def test_drain_timeout_ends_what_is_left_with_an_error(deployment, backend):
-    deployment("drain", decode="{instances: 2, step_delay_ms: 40}",
+    name = f"drain-{backend}"      # one store per deployment name: each backend its own
+    deployment(name, decode="{instances: 2, step_delay_ms: 40}",
                rollout="{drain_timeout_s: 2}", backend=backend)
-    c = client("drain")
+    c = client(name)
     outcomes = []
 
     def long_request(i: int) -> None:
@@ -215,16 +216,16 @@ def test_drain_timeout_ends_what_is_left_with_an_error(deployment, backend):
         t.start()
     deadline = time.monotonic() + 20   # both decode instances hold one stream each (least-loaded routing)
     while time.monotonic() < deadline:
-        health = httpx.get(f"http://127.0.0.1:{load_fleet('drain').gateway['port']}/health").json()
+        health = httpx.get(f"http://127.0.0.1:{load_fleet(name).gateway['port']}/health").json()
         if sorted(v["gateway_holds"] for v in health["instances"] if v["role"] == "decode") == [1, 1]:
             break
         time.sleep(0.05)
     else:
         pytest.fail(f"the two streams did not spread over the two decode instances: {health}")
-    assert trtpd(["scale", "drain", "decode=1", "--timeout-s", "60"]) == 0
+    assert trtpd(["scale", name, "decode=1", "--timeout-s", "60"]) == 0
     for t in threads:
         t.join(60)
-    timeout = audit("drain", "drain_timeout")
+    timeout = audit(name, "drain_timeout")
     assert len(timeout) == 1 and timeout[0].detail["holds"] >= 1
     assert sorted(kind for kind, _ in outcomes) == ["error", "ok"], outcomes
     error = next(text for kind, text in outcomes if kind == "error")
@@ -310,38 +311,39 @@ def test_a_killed_controller_and_gateway_are_restarted_audited_and_the_controlle
     restart is in the audit log."""
     from trtpd.controller.daemon import controller_alive
     from trtpd.fleet.gateway_process import running_gateway
-    deployment("resume", backend=backend)
-    store = open_store("resume")
+    name = f"resume-{backend}"
+    deployment(name, backend=backend)
+    store = open_store(name)
     first = controller_alive(store)
-    victim = next(i for i in load_fleet("resume").instances if i.role == "decode")
+    victim = next(i for i in load_fleet(name).instances if i.role == "decode")
     killed_at = time.time()
     os.kill(int(first["pid"]), signal.SIGKILL)   # the controller dies; its instances keep serving
     os.kill(victim.server.pid, signal.SIGKILL)   # and an instance dies while no controller watches
-    died = wait_audit("resume", lambda e: e.action == "controller_died" and e.ts > killed_at, 30,
+    died = wait_audit(name, lambda e: e.action == "controller_died" and e.ts > killed_at, 30,
                       "the controller's death in the audit log")
     assert died.actor == "supervisord" and died.detail["pid"] in (int(first["pid"]), None)   # None: within 1 s
-    restarted = wait_audit("resume", lambda e: e.action == "controller_restarted" and e.ts > killed_at, 30,
+    restarted = wait_audit(name, lambda e: e.action == "controller_restarted" and e.ts > killed_at, 30,
                            "the controller's restart in the audit log")
-    ready = wait_audit("resume", lambda e: e.action == "ready" and e.ts > killed_at, 60, "the replacement")
+    ready = wait_audit(name, lambda e: e.action == "ready" and e.ts > killed_at, 60, "the replacement")
     assert ready.detail["role"] == "decode" and ready.detail["instance"] != victim.name
     assert controller_alive(store)["pid"] == restarted.detail["pid"] != int(first["pid"])
-    assert counts("resume") == {"prefill": 1, "decode": 1}   # nothing started twice
-    c = client("resume")
+    assert counts(name) == {"prefill": 1, "decode": 1}   # nothing started twice
+    c = client(name)
     assert complete(c, PROMPTS[1])
-    gateway = running_gateway(load_fleet("resume").gateway)
+    gateway = running_gateway(load_fleet(name).gateway)
     os.kill(gateway["pid"], signal.SIGKILL)
-    wait_audit("resume", lambda e: e.action == "gateway_restarted" and e.detail["pid"] != gateway["pid"], 30,
+    wait_audit(name, lambda e: e.action == "gateway_restarted" and e.detail["pid"] != gateway["pid"], 30,
                "the gateway's restart in the audit log")
     deadline = time.monotonic() + 20
     while True:
         try:
-            assert complete(client("resume"), PROMPTS[1])    # the same port, the same key
+            assert complete(client(name), PROMPTS[1])    # the same port, the same key
             break
         except Exception:   # noqa: BLE001 - connection refused until the new gateway listens
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
-    log = open_store("resume").audit_log()
+    log = open_store(name).audit_log()
     gateway_died = next(e for e in log if e.action == "gateway_died")
     gateway_back = next(e for e in log if e.action == "gateway_restarted")
     print(f"controller SIGKILL -> died in the audit {died.ts - killed_at:.2f} s, restarted "
