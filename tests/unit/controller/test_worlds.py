@@ -134,6 +134,25 @@ def test_scaling_a_world_rolls_out_a_new_world_and_drains_the_old_one_before_sto
         ["scale", "rollout_started", "drained"]
 
 
+def test_a_world_that_fails_the_gate_is_drained_and_the_running_world_kept(rig, tmp_path, fp16_root):
+    store, clock, ex, samples, apply, c = rig
+    apply(world_spec(tmp_path, fp16_root))
+    run(c, clock, 3)
+    slow = world_spec(tmp_path, fp16_root, ("decode: {instances: 1}", "decode: {instances: 1, step_delay_ms: 150}"),
+                      name="slow.yaml")
+    revision = store.add_revision(slow.to_yaml(), slow.spec_json(), "slow.yaml", "test")
+    command = store.submit("rollout", {"revision": revision}, "test")
+    run(c, clock, 4)
+    assert store.command(command).result == {"in_place": False, "changed_roles": [WORLD]}
+    assert ex.instances["world-1"]["shape"].step_delay_ms == 150
+    for k in range(6):
+        samples += [sample(clock.now + k, revision, tpot=0.5), sample(clock.now + k, 1)]
+    run(c, clock, 30)
+    assert store.get("rollout")["phase"] == "rolled_back" and store.revision(revision).status == "rolled_back"
+    assert ("drain", "world-1") in ex.calls and list(ex.instances) == ["world-0"]
+    assert store.get("stable_revision") == 1 and not ex.traffic.canary_revision
+
+
 def test_scaling_a_world_to_its_own_counts_changes_nothing(rig, tmp_path, fp16_root):
     store, clock, ex, _, apply, c = rig
     apply(world_spec(tmp_path, fp16_root))
