@@ -91,6 +91,21 @@ class BuildOverrides:
     transceiver_backend: str | None = None
     kv_transfer_timeout_ms: int | None = None
 
+    @classmethod
+    def of_engines(cls, prefill, decode, **extra) -> "BuildOverrides":
+        """What a finished build compiled, from its prefill and decode engines' manifests (EngineManifest): TP, PP,
+        batch and token budgets per role, the lengths, block size, KV and weights dtype (the prefill engine's; the
+        rest of a plan comes from the recipes); `extra`: the other fields."""
+        sizes: dict[str, object] = {}
+        for role, manifest in (("prefill", prefill), ("decode", decode)):
+            b = manifest.build_config
+            sizes.update({f"{role}_tp": b.tp_size, f"{role}_pp": b.pp_size, f"{role}_max_batch_size": b.max_batch_size,
+                          f"{role}_max_num_tokens": b.max_num_tokens})
+        p = prefill.build_config
+        return cls(**sizes, max_input_len=p.max_input_len, max_output_len=p.max_seq_len - p.max_input_len,
+                   tokens_per_block=p.tokens_per_block, fp8=p.kv_dtype.value == "fp8",
+                   weights_dtype=prefill.inputs.weights_dtype, **extra)
+
 
 @dataclass(frozen=True)
 class BuildRequest:

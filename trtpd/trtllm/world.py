@@ -116,15 +116,8 @@ def world_gpus(deploy_dir: Path, counts: dict[str, int]) -> int:
 def recover_plan(build: BuiltDeploy, counts: dict[str, int], *, recipes: Path | None = None) -> BuildPlan:
     """The build's plan with `counts` instances: compiled sizes from the manifests, the rest from the recipes."""
     p = build.manifests["prefill"]
-    sizes: dict[str, object] = {}
-    for role in ROLES:
-        b = build.manifests[role].build_config
-        sizes.update({f"{role}_tp": b.tp_size, f"{role}_pp": b.pp_size, f"{role}_max_batch_size": b.max_batch_size,
-                      f"{role}_max_num_tokens": b.max_num_tokens, f"{role}_instances": counts[role]})
-    overrides = BuildOverrides(**sizes, max_input_len=p.build_config.max_input_len,
-                               max_output_len=p.build_config.max_seq_len - p.build_config.max_input_len,
-                               tokens_per_block=p.build_config.tokens_per_block,
-                               fp8=p.build_config.kv_dtype.value == "fp8", weights_dtype=p.inputs.weights_dtype)
+    overrides = BuildOverrides.of_engines(p, build.manifests["decode"], prefill_instances=counts["prefill"],
+                                          decode_instances=counts["decode"])
     model = p.model.name if p.model.name in model_names() else p.inputs.model_source
     # gpus_per_node only bounds the layout in make_request; a world's GPUs are the ones it is given
     request = make_request(model, load_recipes(recipes), overrides, engines_dir=build.deploy_dir.parent.parent,

@@ -41,13 +41,8 @@ def build_plan(spec: DeploymentSpec) -> BuildPlan:
                           f"max_seq_len or tokens_per_block ({p.max_input_len}/{p.max_seq_len}/{p.tokens_per_block} "
                           f"vs {d.max_input_len}/{d.max_seq_len}/{d.tokens_per_block}); build both in one "
                           f"`trtpd build`")
-    overrides = BuildOverrides(
-        prefill_tp=p.tp_size, decode_tp=d.tp_size, prefill_pp=p.pp_size, decode_pp=d.pp_size,
-        prefill_max_batch_size=p.max_batch_size, decode_max_batch_size=d.max_batch_size,
-        prefill_max_num_tokens=p.max_num_tokens, decode_max_num_tokens=d.max_num_tokens,
-        max_input_len=p.max_input_len, max_output_len=p.max_seq_len - p.max_input_len,
-        tokens_per_block=p.tokens_per_block, fp8=p.kv_dtype.value == "fp8", weights_dtype=prefill.inputs.weights_dtype,
-        transceiver_backend=spec.kv_transport, kv_transfer_timeout_ms=spec.kv_transfer_timeout_ms)
+    overrides = BuildOverrides.of_engines(prefill, decode, transceiver_backend=spec.kv_transport,
+                                          kv_transfer_timeout_ms=spec.kv_transfer_timeout_ms)
     # plan_build names each engine <engines_dir>/<model>/<role>-tp<tp>: trtpd build's layout
     engines_dir = spec.engine_dir(roles[0]).parent.parent
     request = make_request(spec.model, load_recipes(), overrides, engines_dir=engines_dir,
