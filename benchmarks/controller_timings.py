@@ -144,11 +144,12 @@ def worlds(args, spec, trtpd, bring_up, load_fleet, last_id, events, wait_event)
         "cold start: trtpd up -f (a 1P1D world, baseline)", "one world start -> ready, idle (baseline)",
         "scale prefill 1->2 under load: command -> new world ready", "  ... -> promoted (gate passed)",
         "  ... -> old world stopped (drained)", "SIGKILL world -> replacement ready")}
-    for _ in range(args.repeats):
+    for repeat in range(args.repeats):
+        before = last_id() if repeat else 0      # the store outlives a `trtpd down`: this run's events only
         started = time.monotonic()
         bring_up(spec, progress=lambda *_: None)
         rows["cold start: trtpd up -f (a 1P1D world, baseline)"].append(time.monotonic() - started)
-        first = events(0, "ready")[0]
+        first = events(before, "ready")[0]
         rows["one world start -> ready, idle (baseline)"].append(first.detail["start_s"])
         fleet = load_fleet("bench")
         client = OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key=api_key(fleet), max_retries=0)
