@@ -4,8 +4,9 @@ counts into the instance's own folder, and the script's `exec mpirun ...` is the
 signals and stops (rank 0's tritonserver answers on the instance's ports; `CUDA_VISIBLE_DEVICES` is the world's GPU
 set, which the script exports before mpirun). The CPU stand-in is fleet/instance.py's start_world.
 
-Not run here (no GPU, no TensorRT-LLM): what the rendering gives is pinned by tests/unit/trtllm/test_world.py and
-tests/unit/fleet/test_gpu_world.py; the start itself is on the first-GPU-box list (docs/worlds.md).
+Not run here past the script's tritonserver guard (no GPU, no TensorRT-LLM): the rendering is pinned by
+tests/unit/trtllm/test_world.py, the start (GPU sets, the script run, fleet.json) by
+tests/unit/controller/test_worlds.py; what only a GPU box shows is listed in docs/worlds.md.
 """
 
 from __future__ import annotations
