@@ -44,6 +44,11 @@ _TRTLLM_FORMS = ("Executor failed process requestId ", "Error encountered while 
                  "[TensorRT-LLM][ERROR]")
 
 
+def executor_failed(request_id: str, message: str) -> str:
+    """The words of TensorRT-LLM's backend for a request its executor failed (the first of the forms above)."""
+    return f"{_TRTLLM_FORMS[0]}{request_id} due to the following error: {message}"
+
+
 def untagged_kind(message: str) -> str | None:
     """The kind of an untagged error whose words say where it came from: "internal" for TensorRT-LLM's backend
     (its forms above, wherever they appear: Triton prefixes the ensemble's name); None when the words say

@@ -573,16 +573,18 @@ def test_a_triton_world_is_replaced_by_a_bigger_world_under_streaming_load(deplo
     stream ended; no request fails and every request's prefill and decode ran in one world."""
     from trtpd.controller.local import LocalExecutor
 
-    # min_requests 3: a slower machine still gets them within 3 x bake_s while the new world's start slows the load
+    # min_requests 3: a slower machine still gets them within 3 x bake_s while the new world's start slows the load;
+    # ratios 20: a fresh world's first requests run on cold stubs (TTFT p90 138 ms against an idle stable world's
+    # 31 ms once, which a 4x gate rolled back); the SLO still bounds them
     deployment("world", backend="tensorrt-llm", rollout="{canary_share: 0.5, bake_s: 5, min_requests: 3, "
-                                                        "max_ttft_ratio: 4, max_tpot_ratio: 4, drain_timeout_s: 20}")
+                                                        "max_ttft_ratio: 20, max_tpot_ratio: 20, drain_timeout_s: 20}")
     fleet = load_fleet("world")
     assert [(i.name, i.role, i.world_roles) for i in fleet.instances] == [("world-0", "world", ["prefill", "decode"])]
     c = client("world")
     # longer streams than the other tests': one is mostly in flight when the old world is told to drain
     reference = {p: complete(c, p, LONG_TOKENS) for p in PROMPTS}
     started_s = time.time()
-    with Load(c, max_tokens=LONG_TOKENS) as load:
+    with Load(c, threads=1, max_tokens=LONG_TOKENS) as load:    # one stream at a time: the new world starts sooner
         load.served(4)
         began = time.monotonic()
         assert trtpd(["scale", "world", "prefill=2", "--timeout-s", "180"]) == 0

@@ -88,3 +88,23 @@ def test_blocks_return_after_cancelled_prefills(fp16_disagg, tokenizer):
     fp16_disagg.wait_blocks("prefill", start, timeout_s=20)
     r = fp16_disagg.stream({"after": "A request after the cancelled prefills."}, 4)["after"]
     assert r.error is None and len(r.token_ids) == 4
+
+
+def test_a_failed_kv_pull_ends_as_tensorrt_llm_ends_a_request_its_executor_failed(fp16_disagg, tokenizer):
+    """A generation request whose KV cannot be pulled (here: its export was pulled once already) ends as the
+    tensorrtllm backend ends a request its executor failed (model_instance_state.cc, fillTritonResponse): INTERNAL,
+    untagged, "Executor failed process requestId <id> due to the following error: ...", which the gateway reads as
+    this request's failure (error_kinds.untagged_kind). The twin used to answer UNAVAILABLE with a trtpd tag."""
+    from trtpd import error_kinds
+
+    ids, responses = context_only(fp16_disagg, tokenizer, 100, seed=11)
+    handle = responses[-1].as_numpy("context_phase_params")
+    generation = {"input_ids": np.array([ids], dtype=np.int32), "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+                  "request_output_len": np.array([[4]], dtype=np.int32), "context_phase_params": handle}
+    first = fp16_disagg.call("decode", generation, parameters={"request_type": "generation_only"})
+    assert sum(int(r.as_numpy("sequence_length")[0][0]) for r in first) > 0
+    with pytest.raises(RuntimeError) as failed:
+        fp16_disagg.call("decode", generation, parameters={"request_type": "generation_only"})
+    message = str(failed.value)
+    assert "Executor failed process requestId " in message and " due to the following error: " in message, message
+    assert "[trtpd:" not in message and error_kinds.untagged_kind(message) == "internal"

@@ -51,3 +51,12 @@ def test_tritons_own_untagged_errors_still_mean_the_instance_is_unavailable(mess
 def test_a_tag_wins_over_the_words():
     message = error_kinds.tag("Executor failed process requestId 7 due to the following error: x", "invalid_arg")
     assert _role_error(message, "prefill-0").kind == "invalid_arg"
+
+
+def test_the_twins_executor_failure_is_read_as_the_backends_own():
+    """The twin's role model answers an engine-side failure in the backend's words (serving/pb.py
+    executor_failed_response): untagged, and read as "internal" like TensorRT-LLM's."""
+    message = error_kinds.executor_failed("r-1", "KV transfer failed: export 'r-1-p1' not found")
+    assert message == ("Executor failed process requestId r-1 due to the following error: KV transfer failed: "
+                       "export 'r-1-p1' not found")
+    assert error_kinds.parse(message) == (message, None) and error_kinds.untagged_kind(message) == "internal"

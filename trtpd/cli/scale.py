@@ -34,10 +34,17 @@ def run(args: argparse.Namespace) -> int:
     from trtpd.cli.controller_client import last_audit_id, open_store, submit_and_wait, wait_converged
 
     counts = parse_counts(args.counts)
-    since = last_audit_id(open_store(args.name))
+    store = open_store(args.name)
+    since = last_audit_id(store)
     result = submit_and_wait(args.name, "scale", {"counts": counts})
-    print(f"{args.name}: {result['from']} -> {result['to']}")
+    world = f" as a new world (revision {result['revision']}, rolled out like `trtpd rollout`)" \
+        if result.get("world") else ""
+    print(f"{args.name}: {result['from']} -> {result['to']}{world}")
     if args.no_wait:
         return 0
     wait_converged(args.name, args.timeout_s, since)
+    if result.get("world"):      # a new world that failed its gate was drained: the counts did not change
+        status = store.revision(result["revision"]).status
+        print(f"revision {result['revision']}: {'promoted' if status == 'promoted' else status.replace('_', ' ')}")
+        return 0 if status == "promoted" else 1
     return 0

@@ -63,7 +63,8 @@ class Orchestrator:
         give_up(instance, sub_request_id, handle or None): told (it must not block) of a prefill export that no
         decode will pull: the request ended or moved on first (the client went away, no decode could take it, it
         is prefilled again), so that prefill frees those blocks now rather than at the export's deadline; without
-        a handle (the client left while prefill's answer was on its way) by the sub-request's id.alive(instance): whether the instance answers now (a fresh probe). TensorRT-LLM says only that a
+        a handle (the client left while prefill's answer was on its way) by the sub-request's id.
+        alive(instance): whether the instance answers now (a fresh probe). TensorRT-LLM says only that a
         generation request failed (INTERNAL on Triton, a 400 from trtllm-serve), whether its KV pull failed because
         the prefill instance it pulled from died or decode itself failed. Before its first token, such a failure is
         read as a KV pull's when the prefill instance no longer answers: it is prefilled again elsewhere (the

@@ -209,7 +209,8 @@ class DisaggBls:
         else:
             roles = ({self.colocated_model: "colocated"} if self.mode == "colocated" else
                      {self.context_model: "prefill", self.generation_model: "decode"})
-            self.orchestration = _OwnServer(self.mode, roles, self.auth_key, self.kv_transfer == "layerwise")
+            self.orchestration = _OwnServer(self.mode, roles, self.auth_key, self.kv_transfer == "layerwise",
+                                            self.watch)
 
     def _on_death(self, message: str) -> int:
         """Fails every in-flight job with `message` (UNAVAILABLE) and frees its slot; returns how many."""
@@ -328,8 +329,10 @@ class _OwnServer:
     """The orchestrator over this server's own role models, one instance each, on an event loop of this stub;
     the request threads take their steps from it (orchestration/blocking.py)."""
 
-    def __init__(self, mode: str, roles: dict[str, str], key: bytes | None, layerwise: bool) -> None:
+    def __init__(self, mode: str, roles: dict[str, str], key: bytes | None, layerwise: bool,
+                 watch: StubWatch | None = None) -> None:
         self.mode, self.roles, self.key, self.layerwise = mode, roles, key, layerwise
+        self.watch = watch       # whether a role model's stub still runs (a failed KV pull: prefill gone?)
         self.views = [InstanceView(model, role) for model, role in roles.items()]
         self.loop = LoopThread("disagg_bls-orchestrator")
         self.orchestrator: Orchestrator | None = None
@@ -346,7 +349,13 @@ class _OwnServer:
 
         router = Router(RoutingPolicy())
         return Orchestrator(self.mode, router, self.loop.run(clients()), first_token_at="prefill",
-                            give_up=self._give_up)
+                            give_up=self._give_up, alive=self._alive if self.watch is not None else None)
+
+    async def _alive(self, model: str) -> bool:
+        """A generation request failed in TensorRT-LLM's words, which do not say whether its KV pull failed: the
+        prefill model it pulled from is gone when its stub died (then it is prefilled again, and the stub watch
+        ends it with the death's message)."""
+        return self.watch.model_alive(model)
 
     def steps(self, request_id: str, prompt_ids: list[int], sampling: SamplingInputs):
         with self.lock:

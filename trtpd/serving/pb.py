@@ -26,11 +26,11 @@ def model_parameters(args: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
 
 
-def triton_error(message: str, kind: str = "invalid_arg"):
+def triton_error(message: str, kind: str = "invalid_arg", tagged: bool = True):
     """A TritonError with the code of `kind`, its message tagged with the kind (error_kinds.py: the code
-    does not survive Triton 2.51's decoupled path, the tag does)."""
+    does not survive Triton 2.51's decoupled path, the tag does); untagged: the message as it is."""
     code = getattr(pb_utils.TritonError, ERROR_CODES.get(kind, "INTERNAL"), None)
-    message = error_kinds.tag(message, kind)
+    message = error_kinds.tag(message, kind) if tagged else message
     return pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
 
 
@@ -45,6 +45,14 @@ def kind_of(error) -> str:
         if code is not None and code == getattr(pb_utils.TritonError, name, object()):
             return kind
     return "internal"
+
+
+def executor_failed_response(request_id: str, message: str):
+    """A request the engine failed after admitting it, answered as TensorRT-LLM's tensorrtllm backend does
+    (fillTritonResponse in triton_backend/inflight_batcher_llm/src/model_instance_state.cc): INTERNAL, untagged,
+    "Executor failed process requestId <id> due to the following error: <the executor's words>"."""
+    return pb_utils.InferenceResponse(output_tensors=[], error=triton_error(
+        error_kinds.executor_failed(request_id, message), "internal", tagged=False))
 
 
 def error_response(message: str, kind: str = "invalid_arg"):

@@ -27,7 +27,7 @@ from trtpd.errors import TrtpdError
 from trtpd.kv.auth import AUTH_PARAMETER, check_orchestrator_token
 from trtpd.perf_outputs import ENGINE_PERF_MS as PERF_OUTPUTS
 from trtpd.serving.metrics import RoleModelMetrics
-from trtpd.serving.pb import error_response, input_getter, model_parameters, tensor
+from trtpd.serving.pb import error_response, executor_failed_response, input_getter, model_parameters, tensor
 from trtpd.serving.request_parsing import error_kind, parse_parameters, parse_request
 from trtpd.serving.stub_watch import StubWatch
 
@@ -135,8 +135,10 @@ class RoleModel:
             self._deliver(active, out)
 
     def _deliver(self, active: _Active, out: EngineOutput) -> None:
-        if out.error is not None:
-            active.sender.send(error_response(out.error, out.error_kind), flags=FINAL)
+        if out.error is not None:   # what the engine failed once admitted (a KV pull, a step): TensorRT-LLM's words
+            response = error_response(out.error, out.error_kind) if out.error_kind == "invalid_arg" else \
+                executor_failed_response(out.request_id, out.error)
+            active.sender.send(response, flags=FINAL)
             return
         if out.finish_reason == "cancelled":
             active.sender.send(flags=FINAL)

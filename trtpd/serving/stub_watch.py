@@ -197,6 +197,14 @@ class StubWatch:
         state_dir = os.environ.get(STATE_ENV)
         return cls(Path(state_dir), model, instance, on_death, on_stopping=on_stopping) if state_dir else None
 
+    def model_alive(self, model: str) -> bool:
+        """Whether `model`'s stubs in my server still run, read now (not at the next poll): False once one of them
+        has died or a death record names it."""
+        record = read_death(self.state_dir)
+        if record is not None and record.get("server_pid") == self.me.server_pid and record.get("model") == model:
+            return False
+        return not any(e.model == model for e in dead_peers(read_registry(self.state_dir), self.me))
+
     def stop(self) -> None:
         """Orderly end (the model's finalize): deregister first, so no peer reports this exit as a death."""
         self._stop.set()

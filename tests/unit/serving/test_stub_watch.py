@@ -123,6 +123,19 @@ def test_orchestrator_fails_its_requests_then_records_and_stops_the_server(tmp_p
     assert len(failed_with) == 1 and len(kills) == 1                # handled once
 
 
+def test_a_model_is_alive_until_its_stub_dies_read_now_not_at_the_next_poll(tmp_path, sleeper):
+    """The entry's orchestrator asks after a generation request failed in TensorRT-LLM's words (bls_model.py
+    _OwnServer._alive): a prefill stub that died answers False before any watch has polled or recorded it."""
+    watch = StubWatch(tmp_path, "disagg_bls", "disagg_bls_0", lambda msg: 0, start=False)
+    write_entry(tmp_path, StubEntry(sleeper.pid, stub_watch.start_time(sleeper.pid), "decode", "decode_0",
+                                    os.getppid()))
+    assert watch.model_alive("prefill") and watch.model_alive("decode")      # not registered: no death known
+    pid, started = dead_pid()
+    write_entry(tmp_path, StubEntry(pid, started, "prefill", "prefill_0", os.getppid()))
+    assert not watch.model_alive("prefill") and watch.model_alive("decode")
+    assert stub_watch.read_death(tmp_path) is None                           # nothing recorded yet
+
+
 def test_role_stub_leaves_the_first_move_to_a_live_orchestrator(tmp_path, sleeper):
     kills = []
     watch = StubWatch(tmp_path, "prefill", "prefill_0", start=False)
