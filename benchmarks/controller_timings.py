@@ -98,22 +98,11 @@ def main() -> int:
             rows["drain decode (idle): drain -> retired"].append(wait_event(since, "drained").detail["drain_s"])
 
             assert trtpd(["scale", "bench", "decode=2"]) == 0
-            stop = threading.Event()
-
-            def load() -> None:
-                while not stop.is_set():
-                    list(client.completions.create(model="tiny-llama", prompt="hello " * 40, max_tokens=32,
-                                                   temperature=0, stream=True))
-            threads = [threading.Thread(target=load) for _ in range(3)]
-            for t in threads:
-                t.start()
-            time.sleep(2.0)
+            stop = streaming_load(client, 3)
             since = last_id()
             assert trtpd(["scale", "bench", "decode=1"]) == 0
             rows["drain decode (under load): drain -> retired"].append(wait_event(since, "drained").detail["drain_s"])
-            stop.set()
-            for t in threads:
-                t.join(60)
+            stop()
 
             victim = next(i for i in load_fleet("bench").instances if i.role == "prefill")
             since = last_id()
@@ -125,6 +114,27 @@ def main() -> int:
             trtpd(["down", "--name", "bench"])
     report(args, rows)
     return 0
+
+
+def streaming_load(client, threads: int):
+    """`threads` clients streaming 32-token answers until the returned function is called (it waits for them);
+    running 2 s before it returns."""
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            list(client.completions.create(model="tiny-llama", prompt="hello " * 40, max_tokens=32, temperature=0,
+                                           stream=True))
+    running = [threading.Thread(target=load) for _ in range(threads)]
+    for t in running:
+        t.start()
+    time.sleep(2.0)
+
+    def finish() -> None:
+        stop.set()
+        for t in running:
+            t.join(60)
+    return finish
 
 
 def report(args, rows: dict[str, list[float]]) -> None:
@@ -154,16 +164,7 @@ def worlds(args, spec, trtpd, bring_up, load_fleet, last_id, events, wait_event)
         fleet = load_fleet("bench")
         client = OpenAI(base_url=f"http://127.0.0.1:{fleet.gateway['port']}/v1", api_key=api_key(fleet), max_retries=0)
         try:
-            stop = threading.Event()
-
-            def load() -> None:
-                while not stop.is_set():
-                    list(client.completions.create(model="tiny-llama", prompt="hello " * 40, max_tokens=32,
-                                                   temperature=0, stream=True))
-            threads = [threading.Thread(target=load) for _ in range(2)]
-            for t in threads:
-                t.start()
-            time.sleep(2.0)
+            stop = streaming_load(client, 2)
             since, t0 = last_id(), time.time()
             assert trtpd(["scale", "bench", "prefill=2", "--no-wait"]) == 0
             rows["scale prefill 1->2 under load: command -> new world ready"].append(
@@ -171,9 +172,7 @@ def worlds(args, spec, trtpd, bring_up, load_fleet, last_id, events, wait_event)
             rows["  ... -> promoted (gate passed)"].append(wait_event(since, "rollout_promoting", 300).ts - t0)
             rows["  ... -> old world stopped (drained)"].append(wait_event(since, "drained", 300).ts - t0)
             wait_event(since, "rollout_finished", 60)
-            stop.set()
-            for t in threads:
-                t.join(60)
+            stop()
             victim = load_fleet("bench").instances[0]
             since, t0 = last_id(), time.time()
             os.kill(victim.server.pid, signal.SIGKILL)
