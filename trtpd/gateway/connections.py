@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 
 ACCEPT_BACKLOG = 128   # also asyncio's accept burst: sockets accepted before any connection_made can evict
+# the kernel's queue of connections not yet accepted (capped by net.core.somaxconn): with 128, a burst of 1,000
+# connects overflowed it (TcpExt ListenOverflows ~490 a burst), SYN cookies stood in, and a cookie that failed to
+# validate reset its connection (the burst test's httpx.ReadError: a client closed with no response)
+LISTEN_BACKLOG = 4096
 MAX_AUTO_CONNECTIONS = 4096
 
 

@@ -19,8 +19,8 @@ def serve(args) -> None:
     from trtpd.gateway.api_keys import check_no_auth, read_api_keys
     from trtpd.gateway.app import create_app
     from trtpd.gateway.config import from_fleet_file
-    from trtpd.gateway.connections import (ACCEPT_BACKLOG, ConnectionLimits, connection_bound, guarded_protocol,
-                                          raise_open_file_limit)
+    from trtpd.gateway.connections import (ACCEPT_BACKLOG, LISTEN_BACKLOG, ConnectionLimits, connection_bound,
+                                          guarded_protocol, raise_open_file_limit)
 
     log_limits.configure()
     logging.getLogger("httpx").setLevel(logging.WARNING)   # the trtllm-serve transport's probes: one line each
@@ -53,7 +53,15 @@ def serve(args) -> None:
     config = replace(config, port=sock.getsockname()[1])
     if args.state_file:
         write_state_file(args.state_file, args.host, config.port)
-    server = uvicorn.Server(uvicorn.Config(
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            # asyncio listens with `backlog`, which is also its accept burst (fd room: connections.py); the
+            # kernel's queue may be longer without accepting more sockets at once
+            for listening in sockets or ():
+                listening.listen(LISTEN_BACKLOG)
+
+    server = Server(uvicorn.Config(
         create_app(config), log_level="warning", timeout_graceful_shutdown=3, http=guarded_protocol(limits),
         timeout_keep_alive=int(max(1, limits.keep_alive_timeout_s)), backlog=ACCEPT_BACKLOG,
         log_config=None))
