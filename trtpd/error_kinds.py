@@ -49,6 +49,28 @@ def executor_failed(request_id: str, message: str) -> str:
     return f"{_TRTLLM_FORMS[0]}{request_id} due to the following error: {message}"
 
 
+# The backend's words for a context-only request whose executor result has no contextPhaseParams: fillTritonResponse
+# (same file) does `TLLM_THROW("contextParams must be present in the response")` for REQUEST_TYPE_CONTEXT_ONLY and its
+# catch answers "Error encountered while populating response: " + e.what(), INTERNAL, final. The executor leaves them
+# out when the context phase finished the request (its first token was the end id or completed a stop word):
+# llmRequest.cpp createResult sets contextPhaseParams only in the disaggregated context transmission state, and
+# trtGptModelInflightBatching.cpp forwardSync sends the KV (respondAndSendAsync) only for a context-only request whose
+# context finished without ending it; a finished one is terminated and its KV freed (docs/twin.md). TLLM_THROW's
+# what() puts the file, line and perhaps a stack around the text: match the text as a substring, never the whole.
+CONTEXT_PARAMS_MISSING = "contextParams must be present in the response"
+
+
+def context_params_missing() -> str:
+    """The backend's whole message for a context-only request that ended at its first token (the twin's words)."""
+    return f"{_TRTLLM_FORMS[1]}{CONTEXT_PARAMS_MISSING}"
+
+
+def ended_in_context(message: str) -> bool:
+    """Whether a context-only request's error says the request finished at its first token (nothing to decode, no
+    KV kept) rather than failed: the backend's contextParams words anywhere in it (Triton may prefix them)."""
+    return CONTEXT_PARAMS_MISSING in message
+
+
 def untagged_kind(message: str) -> str | None:
     """The kind of an untagged error whose words say where it came from: "internal" for TensorRT-LLM's backend
     (its forms above, wherever they appear: Triton prefixes the ensemble's name); None when the words say

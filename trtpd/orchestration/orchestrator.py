@@ -111,13 +111,20 @@ class Orchestrator:
             exported, streamed, sub_id = _Export(), False, f"{request_id}-p{attempt}"
             try:
                 try:
-                    handle, perf, first, logits = await self._prefill(prefill.instance, sub_id, ids, sampling,
-                                                                      exported)
+                    handle, perf, first, logits, ended = await self._prefill(prefill.instance, sub_id, ids, sampling,
+                                                                             exported)
                 except RoleError as exc:
                     held.drop(prefill.instance)
                     failed, attempt = self._decide(request_id, "prefill", exc, attempt, failed)
                     continue
                 self.router.prefill_done(request_id)
+                if ended:
+                    # the request ended at its first token (its end id, a stop word): prefill's answer is the whole
+                    # of it and no decode is asked. Nothing was exported (a handle that came anyway is given up
+                    # below). TensorRT-LLM's own disaggregated BLS and trtllm-serve's router fail such a request
+                    # instead (docs/twin.md, docs/serve-twin.md)
+                    yield Generated(list(first), dict(perf), prefill.instance, None, logits, (sub_id, ""))
+                    return
                 if first and self.first_token_at == "prefill":
                     sent = first
                     yield Generated(list(first), dict(perf), prefill.instance, None, logits, (sub_id, ""))
@@ -187,9 +194,10 @@ class Orchestrator:
         return tokens[len(repeat):]
 
     async def _prefill(self, instance: str, sub_id: str, ids: list[int], sampling: SamplingInputs,
-                       exported: "_Export") -> tuple[bytes, dict[str, float], list[int], list]:
-        """(handle, perf, the token(s) prefill generated if its answer carries them, their logits pieces)."""
-        handle, perf, first, logits = None, {}, [], []
+                       exported: "_Export") -> tuple[bytes | None, dict[str, float], list[int], list, bool]:
+        """(handle, perf, the token(s) prefill generated if its answer carries them, their logits pieces, whether the
+        request ended at its first token: then there is no handle, and the tokens are its whole answer)."""
+        handle, perf, first, logits, ended = None, {}, [], [], False
         exported.waiting = True
         try:
             async with aclosing(self.clients[instance].stream(sub_id, "context_only", ids, sampling)) as chunks:
@@ -197,15 +205,16 @@ class Orchestrator:
                     handle = exported.handle = chunk.handle or handle
                     perf.update(chunk.perf)
                     first = first or list(chunk.token_ids)
+                    ended = ended or chunk.ended
                     if chunk.generation_logits is not None:
                         logits.append(chunk.generation_logits)
         except RoleError:
             exported.waiting = False    # prefill answered with an error: nothing was exported
             raise
         exported.waiting = False
-        if handle is None:
+        if handle is None and not ended:
             raise RoleError(f"prefill instance {instance} returned no context_phase_params", "internal", instance)
-        return handle, perf, first, logits
+        return handle, perf, first, logits, ended
 
     def _decide(self, request_id: str, stage: str, exc: RoleError, attempt: int, failed: frozenset[str],
                 culprit: str | None = None) -> tuple[frozenset[str], int]:

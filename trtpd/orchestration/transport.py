@@ -79,6 +79,11 @@ class RoleChunk:
     perf: dict[str, float] = field(default_factory=dict)    # the instance's timings (trtpd/perf_outputs.py names)
     final: bool = False
     generation_logits: Any = None     # [1, 1, n, vocab] for this chunk's tokens (return_generation_logits)
+    # context_only: the request ended in its context phase, at its first token (its end id, a stop word): there is
+    # nothing to decode and nothing was exported (no handle); token_ids are the request's whole answer (none for an
+    # end id, which is never output). TensorRT-LLM's Triton backend answers such a request with an error (the
+    # Triton transport reads it, error_kinds.ended_in_context), trtllm-serve with a "stop" context answer
+    ended: bool = False
 
 
 class RoleTransport(Protocol):

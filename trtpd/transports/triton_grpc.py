@@ -6,6 +6,9 @@ The tensors and parameters are TensorRT-LLM's `tensorrt_llm` interface, as upstr
 (triton_backend/all_models/disaggregated_serving/disaggregated_serving_bls at v1.2.1) sends them: the client's
 inputs, `request_type` context_only / generation_only, the `context_phase_params` handle (signed by trtpd's
 reference prefill), and the orchestrator's `trtpd_auth` token that trtpd's role models require.
+A context-only sub-request whose first token ended the request is answered by TensorRT-LLM's backend (and the twin)
+with an error, "contextParams must be present in the response" (error_kinds.CONTEXT_PARAMS_MISSING): read as the
+request's end (RoleChunk.ended), not as a failure.
 """
 
 from __future__ import annotations
@@ -135,6 +138,14 @@ class RoleClient:
             async for result, error in responses:
                 if error is not None:
                     message = error.message() if isinstance(error, InferenceServerException) else str(error)
+                    if request_type == "context_only" and error_kinds.ended_in_context(message):
+                        # TensorRT-LLM's backend fails a context-only response that has no context phase params,
+                        # which is what a request that ended at its first token (its end id, a stop word) gets:
+                        # the request's end, with nothing exported (error_kinds.CONTEXT_PARAMS_MISSING), not a
+                        # failure to retry elsewhere. The error was its final response
+                        complete = True
+                        yield RoleChunk([], final=True, ended=True)
+                        return
                     raise _role_error(message, self.name)
                 chunk = _chunk(result)
                 complete = chunk.final

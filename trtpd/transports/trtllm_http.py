@@ -8,10 +8,12 @@ trtpd/schema/trtllm_serve.py):
   choice's `disaggregated_params` become the handle (serialized here together with the choice's finish_reason
   and tokens), its tokens (`first_gen_tokens`) the chunk's token_ids;
 - generation_only: the same request streamed, the prompt as token ids, with those `disaggregated_params` and
-  request_type generation_only. A context answer whose finish_reason is neither "length" nor "not_finished"
-  ended the request at its first token (upstream's `_need_gen`): no generation server is asked, the hop answers
-  that token (if any) as its final chunk;
+  request_type generation_only;
 - "" (a worker that serves both phases): the request streamed, without `disaggregated_params`.
+A context answer whose finish_reason is neither "length" nor "not_finished" ended the request at its first token
+(upstream's `_need_gen`): the context hop says so (RoleChunk.ended, no handle) and the orchestrator asks no
+generation server. Such an answer has no ctx_request_id (upstream's PyTorch executor keeps the request's own
+disaggregated_params and sends no KV), which upstream's router refuses (`_verify_ctx_response`); trtpd serves it.
 Every request asks `detokenize: false`, so each choice carries `token_ids` (the gateway detokenizes), and
 `ignore_eos` when the orchestrator sends end_id -1 (trtllm-serve stops at its tokenizer's EOS otherwise).
 A client's `disaggregated_params` never reach here: the gateway's schemas refuse the field.
@@ -73,6 +75,18 @@ def context_handle(choice: dict) -> bytes:
     return json.dumps({"disaggregated_params": choice.get("disaggregated_params"),
                        "finish_reason": choice.get("finish_reason"),
                        "token_ids": choice.get("token_ids") or []}).encode()
+
+
+def ended_chunk(choice: dict, end_id: int) -> RoleChunk:
+    """A context answer that ended the request at its first token (finish_reason "stop": its end id or a stop word)
+    as the whole answer: its tokens, the end id left out, for TensorRT-LLM never outputs it on the C++ path (the
+    samplers' "Do not increase seq len when EOS is generated", docs/twin.md) while the PyTorch path's TorchSampler
+    adds it to the sequence, so an answer may end with it (not verified); trtpd's clients never see or count it.
+    No handle: the worker sent no KV (py_executor _send_disagg_ctx_cache) and none is to be given up."""
+    tokens = [int(t) for t in choice.get("token_ids") or []]
+    if end_id >= 0 and tokens and tokens[-1] == end_id:
+        tokens = tokens[:-1]
+    return RoleChunk(tokens, final=True, ended=True)
 
 
 def read_handle(handle: bytes, instance: str) -> tuple[DisaggregatedParams, str | None, list[int]]:
@@ -216,18 +230,15 @@ class ServeClient:
             raise self._fail("trtllm-serve's OpenAI API does not return generation logits", "invalid_arg")
         if request_type == CONTEXT_ONLY:
             chunk = await self._context(prompt_ids, sampling)
-            self._await_perf(request_id, read_handle(chunk.handle, self.name)[0].ctx_request_id, CONTEXT_ONLY)
+            if chunk.handle is not None:
+                self._await_perf(request_id, read_handle(chunk.handle, self.name)[0].ctx_request_id, CONTEXT_ONLY)
             yield chunk
             return
         params = None
         if request_type == GENERATION_ONLY:
             if handle is None:
                 raise self._fail("generation_only needs the context answer", "internal")
-            params, finish, tokens = read_handle(handle, self.name)
-            if finish not in GO_ON_TO_GENERATION:      # the request ended at its first token
-                yield RoleChunk(tokens, final=True)
-                return
-            params = params.for_generation()
+            params = read_handle(handle, self.name)[0].for_generation()
             self._await_perf(request_id, params.ctx_request_id, GENERATION_ONLY)
         body = request_body(self.model, prompt_ids, sampling, True, params)
         async for chunk in self._streamed(body, request_type, prompt_ids):
@@ -248,13 +259,12 @@ class ServeClient:
                 raise ValueError("not one choice with disaggregated_params")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             raise self._fail(f"the context answer is not trtllm-serve's ({exc})", "internal") from None
-        if choice.get("finish_reason") in GO_ON_TO_GENERATION and choice["disaggregated_params"].get(
-                "ctx_request_id") is None:   # upstream's _verify_ctx_response
+        if choice.get("finish_reason") not in GO_ON_TO_GENERATION:
+            return ended_chunk(choice, sampling.end_id)
+        if choice["disaggregated_params"].get("ctx_request_id") is None:   # upstream's _verify_ctx_response
             raise self._fail("the context answer has no ctx_request_id", "internal")
         tokens = [int(t) for t in choice["disaggregated_params"].get("first_gen_tokens") or []]
-        return RoleChunk(tokens if choice.get("finish_reason") in GO_ON_TO_GENERATION else
-                         [int(t) for t in choice.get("token_ids") or []],
-                         handle=context_handle(choice), final=True)
+        return RoleChunk(tokens, handle=context_handle(choice), final=True)
 
     async def _streamed(self, body: dict, request_type: str, prompt_ids: list[int]) -> AsyncIterator[RoleChunk]:
         complete = False

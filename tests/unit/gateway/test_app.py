@@ -89,6 +89,42 @@ def test_completion_whole_with_usage_and_stop_at_eos(folder, tmp_path):
     assert prompt_ids == tok.encode("Hi") and sampling.temperature == 0 and sampling.max_new_tokens == 40
 
 
+class EndedInPrefill(ScriptedOrchestrator):
+    """The request ended at its first token in prefill (its end id): one final step with no token and no decode
+    instance (the orchestrator's answer then, tests/unit/orchestration/test_context_end.py)."""
+
+    async def generate(self, request_id, prompt_ids, sampling, exclude=frozenset()):
+        self.calls.append((prompt_ids, sampling))
+        yield Generated([], {"prefill_compute_s": 0.001}, "prefill-0", None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_that_ended_at_its_first_token_is_an_empty_stop_completion(folder, tmp_path, stream):
+    svc = ScriptedService(make_config(folder, tmp_path))
+    svc.orchestrator = EndedInPrefill(svc.tokenizer, "")
+    body = {"model": "tiny-llama", "prompt": "Hi", "max_tokens": 8, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+
+    async def go():
+        async with client(svc) as c:
+            r = await c.post("/v1/completions", json=body)
+            return r.status_code, r.text
+    status, text = run(go())
+    assert status == 200, text
+    if stream:
+        events = [json.loads(line[5:]) for line in text.splitlines()
+                  if line.startswith("data:") and "[DONE]" not in line]
+        choices = [e["choices"][0] for e in events if e["choices"]]
+        assert "".join(c["text"] for c in choices) == "" and choices[-1]["finish_reason"] == "stop"
+        usage = events[-1]["usage"]
+    else:
+        (choice,) = json.loads(text)["choices"]
+        assert (choice["text"], choice["finish_reason"]) == ("", "stop")
+        usage = json.loads(text)["usage"]
+    assert usage["completion_tokens"] == 0
+
+
 def test_chat_streaming_chunks_then_usage_then_done(folder, tmp_path):
     svc = ScriptedService(make_config(folder, tmp_path))
 

@@ -66,20 +66,65 @@ def test_a_worker_answer_maps_to_the_routing_cores_kind(status, kind):
     asyncio.run(client.close())
 
 
-def test_a_context_answer_that_ended_the_request_needs_no_generation_worker():
-    """_need_gen: finish_reason other than length/not_finished: upstream's router answers the context response; the
-    transport's generation hop answers its tokens at once, with no request (the worker address is unreachable)."""
-    client = ServeClient("decode-0", "127.0.0.1:9", "m", None)
-    handle = context_handle({"disaggregated_params": {"request_type": "context_only", "ctx_request_id": 1},
-                             "finish_reason": "stop", "token_ids": []})
+# A context answer of trtllm-serve's PyTorch path for a request that ended at its first token: TorchSampler finished
+# it (END_ID, or STOP_WORDS), py_executor sent no KV (_send_disagg_ctx_cache: only context-finished or length-finished
+# requests), and executor/result.py leaves the request's own disaggregated_params (no ctx_request_id, first tokens or
+# opaque state); finish_reason "stop". Whether its token_ids hold the end id is not verified: both are read.
+def _ended_answer(token_ids: list[int]) -> dict:
+    return {"id": "cmpl-1", "object": "text_completion", "model": "m", "prompt_token_ids": [1, 2],
+            "choices": [{"index": 0, "text": "", "token_ids": token_ids, "finish_reason": "stop", "stop_reason": None,
+                         "disaggregated_params": {"request_type": "context_only", "first_gen_tokens": None,
+                                                  "ctx_request_id": None, "encoded_opaque_state": None,
+                                                  "draft_tokens": None}}]}
+
+
+@pytest.mark.parametrize("token_ids, answer", [([], []), ([2], []), ([9], [9])],
+                         ids=["no end id", "the end id", "a stop word"])
+def test_a_context_answer_that_ended_the_request_is_the_whole_answer(token_ids, answer):
+    """_need_gen: a context answer whose finish_reason is neither length nor not_finished ended the request. The hop
+    says so (ended, no handle: nothing was exported), needs no ctx_request_id, and never passes the end id on."""
+    import httpx
+    client = ServeClient("prefill-0", "127.0.0.1:9", "m", None)
+    client.client = httpx.AsyncClient(base_url=client.url, transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, json=_ended_answer(token_ids))))
 
     async def run():
         try:
-            return [c async for c in client.stream("r", "generation_only", [1, 2], SamplingInputs(4), handle)]
+            return [c async for c in client.stream("r-p1", "context_only", [1, 2], SamplingInputs(4, end_id=2))]
         finally:
             await client.close()
-    chunks = asyncio.run(run())
-    assert [(c.token_ids, c.final) for c in chunks] == [([], True)]
+    (chunk,) = asyncio.run(run())
+    assert (chunk.token_ids, chunk.handle, chunk.final, chunk.ended) == (answer, None, True, True)
+
+
+def test_the_orchestrator_ends_such_a_request_without_a_generation_worker():
+    """Over the HTTP transport end to end: the context worker's "stop" answer is the client's (no end id, no
+    tokens), and the generation worker is never picked or sent anything."""
+    import httpx
+    from trtpd.orchestration.orchestrator import Orchestrator
+    from trtpd.routing.core import InstanceView, Router, RoutingPolicy
+    asked: list[str] = []
+    prefill = ServeClient("prefill-0", "127.0.0.1:9", "m", None)
+    prefill.client = httpx.AsyncClient(base_url=prefill.url, transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, json=_ended_answer([2]))))
+    decode = ServeClient("decode-0", "127.0.0.1:9", "m", None)
+    decode.client = httpx.AsyncClient(base_url=decode.url, transport=httpx.MockTransport(
+        lambda request: asked.append(request.url.path) or httpx.Response(500)))
+    router = Router(RoutingPolicy())
+    router.update([InstanceView("prefill-0", "prefill"), InstanceView("decode-0", "decode")], 0.0)
+    given_up: list = []
+    orch = Orchestrator("disaggregated", router, {"prefill-0": prefill, "decode-0": decode},
+                        give_up=lambda *args: given_up.append(args))
+
+    async def run():
+        try:
+            return [g async for g in orch.generate("r", [1, 2], SamplingInputs(max_new_tokens=4, end_id=2))]
+        finally:
+            await prefill.close()
+            await decode.close()
+    steps = asyncio.run(run())
+    assert [(s.token_ids, s.decode_instance) for s in steps] == [([], None)]
+    assert asked == [] and given_up == [] and router.num_tracked_requests == 0
 
 
 def test_what_trtllm_serve_cannot_carry_is_refused_as_the_clients():
