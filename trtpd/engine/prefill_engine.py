@@ -4,7 +4,8 @@ One step: free blocks the exporter released, let the prefill scheduler pick a ba
 bucket timeout, min batch, cross-bucket fill), register each request with the exporter (its handle
 goes out at once, so decode can start pulling while we compute), run the forward pass marking each
 layer ready as it is written, sample the first tokens and complete the exports. Blocks stay held
-until decode has pulled them or the transfer times out.
+until decode has pulled them or the transfer times out. A first token that ends the request (its end id,
+a stop word) ends it here, as in TensorRT-LLM: its export is discarded and its answer carries no handle.
 """
 
 from __future__ import annotations
@@ -134,7 +135,9 @@ class PrefillEngine:
         results = self._forward(pending)
         perf = {"prefill_compute_s": self.clock() - started, "prefill_batch_size": float(len(pending)),
                 "prefill_batch_tokens": float(batch.num_tokens)}
-        return outputs + [self._complete(item, result, started, perf) for item, result in zip(pending, results)]
+        outputs += [self._complete(item, result, started, perf) for item, result in zip(pending, results)]
+        self._release()   # the batch is computed: what it released (a request ended at its first token) is free now
+        return outputs
 
     def _start_export(self, item: _Pending, num_tokens: int) -> bytes:
         """Blocks for the prompt and a registered export (its handle); on failure nothing stays held."""
@@ -174,19 +177,30 @@ class PrefillEngine:
             token = sample(result, req.sampling, len(req.prompt_token_ids), req.banned_tokens([]))
         except Exception as exc:
             return self._error(item, f"sampling failed: {type(exc).__name__}: {exc}")
+        eos = token == req.end_id     # not output, not counted (TensorRT-LLM's samplers; generation_engine.py)
+        stop = eos or req.hits_stop_word([token])
+        out = EngineOutput(
+            req.request_id, new_token_ids=[] if eos else [token], sequence_length=len(req.prompt_token_ids) + 1 - eos,
+            finished=True, finish_reason="stop" if stop else "length" if req.max_new_tokens <= 1 else None,
+            perf={"prefill_queue_s": started - req.arrival_s, **perf},
+            generation_logits=logits_rows(result) if req.return_generation_logits else None)
+        if stop and not req.layerwise_kv_transfer:
+            # The first token ended the request, as TensorRT-LLM's executor ends it: the decoder finishes it (END_ID,
+            # or its stop criteria), updateRequests (batch_manager/trtGptModelInflightBatching.cpp) terminates it and
+            # frees its KV; forwardSync sends a context-only request's KV only when its context finished without
+            # ending it (isContextFinished), and llmRequest.cpp createResult gives context phase params only then.
+            # So no KV is kept and no handle given (the role model then answers as the backend does,
+            # error_kinds.CONTEXT_PARAMS_MISSING). The layerwise transfer's handle went out already: decode ends it.
+            self.exporter.discard(req.request_id, "the request ended at its first token")
+            self.num_completed += 1
+            return out
         try:
-            handle = self.exporter.complete(req.request_id, token)
+            out.context_phase_params = self.exporter.complete(req.request_id, token)
         except KvExportNotFoundError as exc:   # timed out or cancelled while the batch ran
             return EngineOutput(req.request_id, finished=True, finish_reason="error", error=str(exc),
                                 error_kind="unavailable")
         self.num_completed += 1
-        eos = token == req.end_id     # not output, not counted (TensorRT-LLM's samplers; generation_engine.py)
-        stop = eos or req.hits_stop_word([token])
-        return EngineOutput(
-            req.request_id, new_token_ids=[] if eos else [token], sequence_length=len(req.prompt_token_ids) + 1 - eos,
-            finished=True, finish_reason="stop" if stop else "length" if req.max_new_tokens <= 1 else None,
-            context_phase_params=handle, perf={"prefill_queue_s": started - req.arrival_s, **perf},
-            generation_logits=logits_rows(result) if req.return_generation_logits else None)
+        return out
 
     def stats(self) -> dict[str, float]:
         return {"free_blocks": self.allocator.num_free_blocks, "used_blocks": self.allocator.num_used_blocks,

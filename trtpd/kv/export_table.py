@@ -3,8 +3,9 @@
 An export is registered when its prefill batch is scheduled, gains ready layers one by one, completes when
 the first token is known, is attached to at most one pull, is acknowledged by that pull, and is released:
 its request id goes to `released_ids` for the engine to free the blocks. It is also released when prefill
-fails, when its deadline passes without an acknowledged pull (the reaper), when its pull breaks, or when the
-decode side gives it up (its request was cancelled or failed before the pull: give_up).
+fails, when the request ended at its first token (discard: there is nothing to decode), when its deadline passes
+without an acknowledged pull (the reaper), when its pull breaks, or when the decode side gives it up (its request
+was cancelled or failed before the pull: give_up).
 While a pull is attached, only the session serving it releases the export (the session may still be reading
 the blocks); failing or timing out such an export sets `abort`, which the session sends to the decode side.
 """
@@ -70,6 +71,7 @@ class ExportCounters:
     num_refused: int = 0              # pulls refused: bad handle, unknown request, busy
     num_given_up: int = 0             # released because the decode side said it will never pull them
     num_abandoned: int = 0            # never exported: given up (by request) before prefill was scheduled
+    num_discarded: int = 0            # released by the engine: the request ended at its first token (discard)
 
 
 @dataclass
@@ -131,6 +133,18 @@ class ExportTable:
             self.counters.num_failed += 1
             abort = Abort(ErrorCode.PREFILL_FAILED, f"prefill failed: {reason}")
             if not self._abort_locked(export, abort):
+                return
+        self._released()
+
+    def discard(self, request_id: str, why: str) -> None:
+        """The engine ended the request at its first token: nothing will pull this export, released now (a pull
+        attached through a handle that went out early is told so, and its session releases it)."""
+        with self.cond:
+            export = self.exports.get(request_id)
+            if export is None or export.is_acked:
+                return
+            self.counters.num_discarded += 1
+            if not self._abort_locked(export, Abort(ErrorCode.NOT_FOUND, f"nothing to pull: {why}")):
                 return
         self._released()
 

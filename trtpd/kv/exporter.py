@@ -1,7 +1,8 @@
 """The prefill side of the KV transfer: keeps each request's KV blocks until a decode instance has pulled them.
 
 The prefill engine thread calls register() when a batch is scheduled, mark_layers_ready() after each layer,
-complete() with the first token (or fail()), and frees the blocks of the ids drain_released() returns.
+complete() with the first token (or fail(), or discard() when that token ended the request), and frees the blocks
+of the ids drain_released() returns.
 The exporter serves pulls on its own threads: one accepts connections, one per pull streams layers as they
 become ready (frame.py describes the protocol; for ucx and mpi the bytes go on a
 channel of the transport's own, mover.py), and a reaper releases exports whose deadline passed
@@ -102,6 +103,11 @@ class KvExporter:
 
     def fail(self, request_id: str, reason: str) -> None:
         self._table.fail(request_id, reason)
+
+    def discard(self, request_id: str, why: str) -> None:
+        """The request ended at its first token: no decode will pull its KV, which is released now (as TensorRT-LLM
+        terminates a request its context phase finished and frees its KV without sending it)."""
+        self._table.discard(request_id, why)
 
     def drain_released(self) -> list[str]:
         """Ids whose blocks the engine may free. An id can come back (timeout, fail) while its prefill batch

@@ -47,12 +47,16 @@ def kind_of(error) -> str:
     return "internal"
 
 
+def trtllm_error_response(message: str):
+    """An error response as TensorRT-LLM's tensorrtllm backend answers every failure (fillTritonResponse in
+    triton_backend/inflight_batcher_llm/src/model_instance_state.cc): INTERNAL, the message untagged."""
+    return pb_utils.InferenceResponse(output_tensors=[], error=triton_error(message, "internal", tagged=False))
+
+
 def executor_failed_response(request_id: str, message: str):
-    """A request the engine failed after admitting it, answered as TensorRT-LLM's tensorrtllm backend does
-    (fillTritonResponse in triton_backend/inflight_batcher_llm/src/model_instance_state.cc): INTERNAL, untagged,
+    """A request the engine failed after admitting it, answered as TensorRT-LLM's tensorrtllm backend does:
     "Executor failed process requestId <id> due to the following error: <the executor's words>"."""
-    return pb_utils.InferenceResponse(output_tensors=[], error=triton_error(
-        error_kinds.executor_failed(request_id, message), "internal", tagged=False))
+    return trtllm_error_response(error_kinds.executor_failed(request_id, message))
 
 
 def error_response(message: str, kind: str = "invalid_arg"):

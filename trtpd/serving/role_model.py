@@ -19,15 +19,17 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtpd import error_kinds
 from trtpd.engine.engine_config import Role
 from trtpd.engine.loader import KvTransferOptions, load_engine
 from trtpd.engine.loop import EngineLoop
-from trtpd.engine.request import EngineOutput, RequestError
+from trtpd.engine.request import EngineOutput, RequestError, RequestType
 from trtpd.errors import TrtpdError
 from trtpd.kv.auth import AUTH_PARAMETER, check_orchestrator_token
 from trtpd.perf_outputs import ENGINE_PERF_MS as PERF_OUTPUTS
 from trtpd.serving.metrics import RoleModelMetrics
-from trtpd.serving.pb import error_response, executor_failed_response, input_getter, model_parameters, tensor
+from trtpd.serving.pb import (error_response, executor_failed_response, input_getter, model_parameters, tensor,
+                              trtllm_error_response)
 from trtpd.serving.request_parsing import error_kind, parse_parameters, parse_request
 from trtpd.serving.stub_watch import StubWatch
 
@@ -43,6 +45,7 @@ class _Active:
     perf: dict[str, float] = field(default_factory=dict)
     handle: bytes | None = None
     logits: list[np.ndarray] = field(default_factory=list)
+    context_only: bool = False
 
 
 def perf_tensors(perf: dict[str, float]) -> list:
@@ -111,7 +114,8 @@ class RoleModel:
                 sender.send(error_response(str(exc), error_kind(exc)), flags=FINAL)
                 continue
             with self.lock:
-                self.active[request_id] = _Active(sender, req.streaming)
+                self.active[request_id] = _Active(sender, req.streaming,
+                                                  context_only=req.request_type is RequestType.CONTEXT_ONLY)
             self.loop.submit(req)
         return None
 
@@ -145,6 +149,12 @@ class RoleModel:
             return
         active.perf.update(out.perf)
         active.handle = out.context_phase_params or active.handle
+        if active.context_only and active.handle is None:
+            # a context-only request the engine ended at its first token (its end id, a stop word) has no context
+            # phase params, and the tensorrtllm backend's fillTritonResponse throws on such a response: INTERNAL,
+            # untagged, final (error_kinds.CONTEXT_PARAMS_MISSING; the engine kept no KV for it)
+            active.sender.send(trtllm_error_response(error_kinds.context_params_missing()), flags=FINAL)
+            return
         if active.streaming:
             if out.new_token_ids or out.context_phase_params or out.finished:
                 logits = [] if out.generation_logits is None else [out.generation_logits]

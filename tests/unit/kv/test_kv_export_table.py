@@ -32,6 +32,20 @@ def test_fail_with_a_pull_attached_aborts_it_and_leaves_the_release_to_the_sessi
     assert table.drain_released() == ["a"]
 
 
+def test_discard_releases_at_once_counted_apart_from_failures_and_a_late_pull_learns_why():
+    """The request ended at its first token (prefill_engine.py): its export is released, not failed."""
+    calls = []
+    table = ExportTable(num_layers=4, on_release=lambda: calls.append(1))
+    table.add("a", [0, 1], 40, timeout_s=30.0)
+    table.discard("a", "the request ended at its first token")
+    assert table.drain_released() == ["a"] and calls == [1]
+    assert (table.counters.num_discarded, table.counters.num_failed) == (1, 0)
+    with pytest.raises(Abort, match=r"already released \(nothing to pull: the request ended at its first token\)"):
+        table.attach("a", 0.0)
+    table.discard("a", "again")                   # gone: nothing happens
+    assert table.counters.num_discarded == 1 and table.drain_released() == []
+
+
 def test_second_pull_is_busy_and_unknown_request_is_not_found():
     table = ExportTable(num_layers=2)
     table.add("a", [0], 10, timeout_s=30.0)
