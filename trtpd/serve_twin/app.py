@@ -6,8 +6,10 @@ last read, only with `return_perf_metrics: true` and `perf_metrics_max_requests`
 calls both on every worker it adds), and /v1/completions, whose `disaggregated_params` pick the phase:
 - context_only: prefill; the answer (not streamed) carries `prompt_token_ids` and, on its one choice,
   `disaggregated_params` {request_type, first_gen_tokens, ctx_request_id, encoded_opaque_state, draft_tokens},
-  finish_reason "not_finished" (or "stop"/"length" when the request ended at its first token). The KV stays
-  exported until a generation worker pulls it, the export is given up, or kv_transfer_timeout_ms passes;
+  finish_reason "not_finished" ("length" when max_tokens is 1). The KV stays exported until a generation worker
+  pulls it, the export is given up, or kv_transfer_timeout_ms passes. A first token that ended the request (its
+  end id, a stop token) gives finish_reason "stop", disaggregated_params {request_type: context_only} and the rest
+  null, and no KV is kept;
 - generation_only: pulls the KV named by encoded_opaque_state (trtpd's signed handle) and generates; its output
   starts with the first token again (first_gen_tokens), as a generation server's does;
 - none: both phases here (a worker without --server_role).
@@ -311,13 +313,20 @@ class TwinWorker:
                                 "created": int(time.time()), "model": self.model_name, "choices": [choice],
                                 "usage": self._usage(engine_req, len(tokens)), "prompt_token_ids": None}
         ctx_request_id = disagg.ctx_request_id if disagg is not None else None
-        if engine_req.request_type is RequestType.CONTEXT_ONLY:
-            # the context phase done, the request goes on at a generation server unless it ended here
+        if engine_req.request_type is RequestType.CONTEXT_ONLY and handle is None:
+            # the first token ended the request (its end id, a stop word): the PyTorch executor finished it (END_ID,
+            # STOP_WORDS) and sent no KV (py_executor _send_disagg_ctx_cache: only a request whose context finished
+            # without ending it, or one finished by its length), and executor/result.py answers with the request's
+            # own disaggregated_params: context_only, no ctx_request_id, first tokens or opaque state
+            choice["finish_reason"] = last.finish_reason
+            choice["disaggregated_params"] = DisaggregatedParams(CONTEXT_ONLY).to_dict()
+            body["prompt_token_ids"] = engine_req.prompt_token_ids
+        elif engine_req.request_type is RequestType.CONTEXT_ONLY:
+            # the context phase done, the request goes on at a generation server (a "length" answer too: _need_gen)
             ctx_request_id = next(self._ids)
             choice["finish_reason"] = last.finish_reason or "not_finished"
             choice["disaggregated_params"] = DisaggregatedParams(
-                CONTEXT_ONLY, list(tokens), ctx_request_id, encode_opaque_state(handle) if handle else None,
-                None).to_dict()
+                CONTEXT_ONLY, list(tokens), ctx_request_id, encode_opaque_state(handle), None).to_dict()
             body["prompt_token_ids"] = engine_req.prompt_token_ids
         else:
             choice["finish_reason"] = last.finish_reason
