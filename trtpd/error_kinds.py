@@ -36,7 +36,7 @@ def parse(message: str) -> tuple[str, str | None]:
 # "[TensorRT-LLM][ERROR] Assertion failed: ..."). Sources: NVIDIA/TensorRT-LLM
 # triton_backend/inflight_batcher_llm/src/model_instance_state.cc (fillTritonResponse; the enqueue path's catch
 # -> sendEnqueueResponse) and cpp/include/tensorrt_llm/common/assert.h (throwRuntimeError), read at the indexed
-# commit 0c8de69a; confirming them at v1.2.1 is on the first GPU box's list (README, "First contact").
+# commit 0c8de69a; confirming them at v1.2.1 is on the first GPU box's list (docs/first-gpu-box.md, §3).
 # Such an error is this request's failure on a live instance, not the instance gone: "internal", which the routing
 # core retries on another instance as any server fault (trtpd/routing/failures.py) without marking this one
 # unhealthy, and the gateway answers 500 if no attempt succeeds (503 was what an untagged error got before).
