@@ -16,22 +16,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def group_cpu_s(pgids: set[int], extra_pids: set[int]) -> float:
-    total = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid, pgid = int(d.name), int(fields[2])
-        if pgid in pgids or pid in extra_pids:
-            total += int(fields[11]) + int(fields[12])     # utime + stime
-    return total / TICKS_PER_S
+from trtpd.bench.proc_cpu import cpu_s, group_pids
 
 
 def main() -> None:
@@ -64,9 +49,9 @@ def main() -> None:
                        api_key=api_key(fleet))
             pgids = {i.server.pid for i in fleet.instances}
             gateway = {int(fleet.gateway["pid"])}
-            before = group_cpu_s(pgids, set()), group_cpu_s(set(), gateway)
+            before = cpu_s(group_pids(pgids)), cpu_s(gateway)
             results = run_openai(url, "tiny-llama", requests, api_key=api_key(fleet))
-            after = group_cpu_s(pgids, set()), group_cpu_s(set(), gateway)
+            after = cpu_s(group_pids(pgids)), cpu_s(gateway)
         finally:
             fleet_down(fleet.name)
         tokens = sum(r.num_tokens for r in results if r.error is None)

@@ -34,8 +34,8 @@ from typing import NamedTuple
 # the modules the simulator and the planner spend their time in (each a pure-Python module, compiled as it is)
 MODULES = (
     "trtpd.sim.events", "trtpd.sim.stepping", "trtpd.sim.colocated_instance", "trtpd.sim.decode_instance",
-    "trtpd.sim.prefill_instance", "trtpd.sim.simulator", "trtpd.sim.kv_blocks", "trtpd.sim.fleet",
-    "trtpd.sim.attainment", "trtpd.sim.records", "trtpd.sim.sequence", "trtpd.perf.roofline",
+    "trtpd.sim.prefill_instance", "trtpd.sim.shared_cores", "trtpd.sim.simulator", "trtpd.sim.kv_blocks",
+    "trtpd.sim.fleet", "trtpd.sim.attainment", "trtpd.sim.records", "trtpd.sim.sequence", "trtpd.perf.roofline",
     "trtpd.perf.step_runs", "trtpd.sched.continuous", "trtpd.sched.prefill", "trtpd.sched.block_allocator",
     "trtpd.routing.core", "trtpd.perf.kv_link", "trtpd.sim.goodput", "trtpd.planner.colocated",
     "trtpd.planner.role_models", "trtpd.planner.estimate", "trtpd.planner.compare", "trtpd.planner.verify",

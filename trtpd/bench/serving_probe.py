@@ -3,20 +3,25 @@
 A small probe: batches of 1 and 8 identical-length requests sent at once, streamed over gRPC; the
 same scenario is simulated with the measured forward-pass curves alone, and the gaps give the serving
 overhead: a response latency (request path: pre/post-processing, orchestrator, hops), and a
-decode-step cost per step and per sequence (the response pipeline's IPC and CPU). Disaggregated,
-a third run keeps prefill busy with long prompts while the batch of 8 decodes: on shared cores
-decode steps slow down then (`decode_contention`; on GPUs the roles do not share compute).
+decode-step cost per step and per sequence (the response pipeline's work in the engine's own process).
+While the batch of 8 runs, the CPU the rest of the deployment and the client spend (every process of the
+server's group but the engines' stubs, and this process, which is the client then) is read from /proc: per
+streamed token, it is the serving path's share of the host's cores, which the simulator's shared cores take from
+the engines when the host is oversubscribed (`host_cores`, `serving_cpu_per_token_s`; trtpd/sim/shared_cores.py).
 The validation workload (`benchmarks/validate_sim.py`) is a different, loaded scenario.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from trtpd.bench.client import BenchRequest, run_stream
+from trtpd.bench.proc_cpu import cpu_s, group_pids
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.catalog import get_model
 from trtpd.engine.checkpoint import load_checkpoint
@@ -24,13 +29,15 @@ from trtpd.perf.hardware import HardwareProfile
 from trtpd.perf.measured import ServingOverhead
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.fleet import deployment
+from trtpd.serving import stub_watch
 from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
 from trtpd.sim.metrics import latencies
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import RequestArrays
 
 PROMPT_TOKENS, OUTPUT_TOKENS, BIG_BATCH = 100, 64, 8
-HOG_PROMPT_TOKENS, NUM_HOGS, HOG_DELAY_S = 1500, 3, 0.08   # long prompts that keep prefill busy while decode runs
+ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stubs run the engines (repo/reference.py)
+CALIBRATION_ROUNDS = 4
 
 
 def _real(url: str, prompts: list[str], rounds: int) -> tuple[float, float]:
@@ -46,24 +53,39 @@ def _real(url: str, prompts: list[str], rounds: int) -> tuple[float, float]:
     return statistics.median(ttft), statistics.median(tpot)
 
 
-def _simulated(cluster, batch: int, hogs: int = 0) -> tuple[float, float]:
-    arrays = RequestArrays([0.0] * batch + [HOG_DELAY_S] * hogs, [PROMPT_TOKENS] * batch + [HOG_PROMPT_TOKENS] * hogs,
-                           [OUTPUT_TOKENS] * batch + [1] * hogs)
+def _simulated(cluster, batch: int) -> tuple[float, float]:
+    arrays = RequestArrays([0.0] * batch, [PROMPT_TOKENS] * batch, [OUTPUT_TOKENS] * batch)
     lat = latencies(simulate(cluster, arrays), warmup_fraction=0.0)
-    return statistics.median(lat.ttft_s[:batch]), statistics.median(lat.tpot_s[:batch])
+    return statistics.median(lat.ttft_s), statistics.median(lat.tpot_s)
 
 
-def _real_under_prefill_load(url: str, prompts: list[str], hog: str, rounds: int) -> float:
-    """Median TPOT of a decode batch while long prompts keep the prefill instance busy."""
-    tpot = []
-    for r in range(rounds):
-        reqs = [BenchRequest(f"busy-{r}-{i}", p, OUTPUT_TOKENS, 0.0) for i, p in enumerate(prompts)]
-        reqs += [BenchRequest(f"hog-{r}-{i}", hog, 1, HOG_DELAY_S) for i in range(NUM_HOGS)]
-        results = run_stream(url, reqs)
-        if any(res.error for res in results):
-            raise RuntimeError(f"serving probe request failed: {next(res.error for res in results if res.error)}")
-        tpot += [res.tpot_s for res in results[:len(prompts)]]
-    return statistics.median(tpot)
+def fit_step_costs(real_tpot_s: tuple[float, float], simulated_tpot_s: Callable[[ServingOverhead], tuple],
+                   overhead: ServingOverhead, rounds: int = CALIBRATION_ROUNDS) -> ServingOverhead:
+    """The step costs (step_overhead_s, per_sequence_step_s) that make the simulated TPOTs at batch 1 and at
+    BIG_BATCH those measured, with everything else in `overhead` (the shared cores) as it is: the gaps left are
+    put into the two costs, round after round (the sharing they cause moves with them)."""
+    for _ in range(rounds):
+        sim1, sim8 = simulated_tpot_s(overhead)
+        gap1, gap8 = real_tpot_s[0] - sim1, real_tpot_s[1] - sim8
+        per_sequence = max(0.0, overhead.per_sequence_step_s + (gap8 - gap1) / (BIG_BATCH - 1))
+        step = max(0.0, overhead.step_overhead_s + gap1 - (per_sequence - overhead.per_sequence_step_s))
+        overhead = overhead.model_copy(update={"step_overhead_s": step, "per_sequence_step_s": per_sequence})
+    return overhead
+
+
+def _with_serving(hardware: HardwareProfile, mode: str, overhead: ServingOverhead) -> HardwareProfile:
+    return hardware.model_copy(update={"measured": [m.model_copy(update={"serving": {**m.serving, mode: overhead}})
+                                                    for m in hardware.measured]})
+
+
+def _serving_cpu(dep: deployment.Deployment) -> Callable[[], float]:
+    """A reading of the CPU seconds spent so far outside the engines: the server's group but the engine stubs
+    (tritonserver, the orchestrator and pre/post-processing stubs), and this process (the client)."""
+    engines = {e.pid for e in stub_watch.read_registry(dep.folder) if e.model in ENGINE_MODELS}
+    if not engines:
+        raise RuntimeError(f"serving probe: no engine stub of {', '.join(ENGINE_MODELS)} in {dep.folder}/stubs")
+    others = [pid for pid in group_pids([dep.server.pid]) if pid not in engines]
+    return lambda: cpu_s(others) + time.process_time()
 
 
 def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, colocated_instances: int = 2,
@@ -71,35 +93,36 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     """`hardware` must carry the engine's measured curves (without serving overhead for this mode)."""
     tokenizer = load_checkpoint(build_root / "checkpoint").load_tokenizer()
     prompts = [prompt_with_tokens(tokenizer, PROMPT_TOKENS, seed=i) for i in range(BIG_BATCH)]
-    hog = prompt_with_tokens(tokenizer, HOG_PROMPT_TOKENS, seed=1000)
     dep = deployment.up(f"probe-{mode}", ReferenceDeployment(build_root, mode=mode,
                                                              colocated_instances=colocated_instances), replace=True)
     try:
-        run_stream(dep.server.grpc_url, [BenchRequest("warmup", prompts[0], 8, 0.0)])
+        # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the step costs)
+        run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
         real1 = _real(dep.server.grpc_url, prompts[:1], rounds)
+        serving_cpu = _serving_cpu(dep)
+        cpu_before_s = serving_cpu()
         real8 = _real(dep.server.grpc_url, prompts, rounds)
-        busy8 = _real_under_prefill_load(dep.server.grpc_url, prompts, hog, rounds) if mode == "disaggregated" else None
+        cpu_per_token_s = (serving_cpu() - cpu_before_s) / (BIG_BATCH * OUTPUT_TOKENS * rounds)
     finally:
         deployment.down(dep.name)
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
     opts = options_from_engines(build_root, ClusterOptions(num_colocated=colocated_instances, first_token_at="decode"))
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
-    cluster = replace(make(model, hardware, opts), response_latency_s=0.0)
-    sim1, sim8 = _simulated(cluster, 1), _simulated(cluster, BIG_BATCH)
-    gap1, gap8 = real1[1] - sim1[1], real8[1] - sim8[1]
-    per_sequence = max(0.0, (gap8 - gap1) / (BIG_BATCH - 1))
-    overhead = ServingOverhead(response_latency_s=max(0.0, real1[0] - sim1[0]),
-                               step_overhead_s=max(0.0, gap1 - per_sequence), per_sequence_step_s=per_sequence)
-    if busy8 is not None:   # shared cores: how much slower decode steps run while prefill computes
-        with_overhead = replace(make(model, hardware.model_copy(update={"measured": [
-            m.model_copy(update={"serving": {**m.serving, mode: overhead}}) for m in hardware.measured]}), opts),
-            response_latency_s=0.0)
-        busy_sim = _simulated(with_overhead, BIG_BATCH, NUM_HOGS)[1]
-        overhead = overhead.model_copy(update={"decode_contention": max(0.0, busy8 / busy_sim - 1.0)})
+    # The step costs are what the real TPOTs have beyond the simulated ones, the serving path's share of the cores
+    # included: at batch 8 the host may be oversubscribed, and the simulator's shared cores slow the steps by that
+    # already (counting it in per_sequence_step_s too would count it twice). Their effect on the sharing makes the
+    # fit a fixed point: a few rounds of correcting both costs by the gaps left.
+    def simulated(overhead: ServingOverhead) -> tuple[tuple[float, float], tuple[float, float]]:
+        cluster = replace(make(model, _with_serving(hardware, mode, overhead), opts), response_latency_s=0.0)
+        return _simulated(cluster, 1), _simulated(cluster, BIG_BATCH)
+
+    start = ServingOverhead(host_cores=len(os.sched_getaffinity(0)), serving_cpu_per_token_s=cpu_per_token_s)
+    sim1, sim8 = simulated(start)              # the engine alone: no step costs yet
+    overhead = fit_step_costs((real1[1], real8[1]), lambda o: tuple(s[1] for s in simulated(o)), start)
+    overhead = overhead.model_copy(update={"response_latency_s": max(0.0, real1[0] - sim1[0])})
     progress(f"serving ({mode}): TTFT real {real1[0] * 1e3:.1f} vs engine {sim1[0] * 1e3:.1f} ms; TPOT at 1/{BIG_BATCH} "
              f"real {real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs engine {sim1[1] * 1e3:.2f}/{sim8[1] * 1e3:.2f} ms -> "
              f"response +{overhead.response_latency_s * 1e3:.1f} ms, step +{overhead.step_overhead_s * 1e3:.2f} ms "
-             f"+ {overhead.per_sequence_step_s * 1e3:.2f} ms per sequence"
-             + (f"; decode TPOT while prefill computes {busy8 * 1e3:.2f} ms -> contention "
-                f"+{overhead.decode_contention:.0%}" if busy8 is not None else ""))
+             f"+ {overhead.per_sequence_step_s * 1e3:.2f} ms per sequence; the serving path's CPU "
+             f"{cpu_per_token_s * 1e3:.2f} ms per token on {overhead.host_cores} shared cores")
     return overhead

@@ -45,8 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=a.positive_int, default=3, help="measurements per point (median)")
     p.add_argument("--quick", action="store_true", help="a coarse grid (for a smoke test)")
     p.add_argument("--serving", action="store_true",
-                   help="also measure the serving overhead (request path, per-step response pipeline) through the "
-                        "real tritonserver, disaggregated and colocated (about a minute)")
+                   help="also measure the serving overhead (request path, per-step response pipeline, and the "
+                        "CPU the serving path takes per token from the cores the engines share) through the real "
+                        "tritonserver, disaggregated and colocated (about a minute)")
     p.set_defaults(func=run)
 
 

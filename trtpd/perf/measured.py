@@ -32,15 +32,18 @@ class DecodeGrid(BaseModel):
 
 class ServingOverhead(BaseModel):
     """What the serving path adds to the engine's forward passes, measured through the real server
-    (`trtpd profile --serving`): hops between Triton models, python-backend IPC, and the CPU the
-    response pipeline takes from the engines on a small machine."""
+    (`trtpd profile --serving`, trtpd/bench/serving_probe.py): hops between Triton models, python-backend IPC, and
+    the CPU the response pipeline takes from the engines on a small machine (trtpd/sim/shared_cores.py)."""
 
     model_config = ConfigDict(extra="forbid")
     response_latency_s: float = Field(default=0.0, ge=0, description="added to every response (request path)")
     step_overhead_s: float = Field(default=0.0, ge=0, description="added to every decode step")
     per_sequence_step_s: float = Field(default=0.0, ge=0, description="added to a decode step per sequence in it")
-    decode_contention: float = Field(default=0.0, ge=0, description="relative slowdown of a decode step while a "
-                                     "prefill batch computes on the same host (shared cores; 0 on GPUs)")
+    host_cores: int = Field(default=0, ge=0, description="the cores the deployment's processes shared when "
+                            "measured (engines, Triton, the serving path, the client); 0: each instance computes on "
+                            "devices of its own (GPUs), nothing is shared")
+    serving_cpu_per_token_s: float = Field(default=0.0, ge=0, description="CPU seconds the serving path outside "
+                                           "the engines spends per streamed token (with host_cores)")
 
 
 class MeasuredProfile(BaseModel):

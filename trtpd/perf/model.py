@@ -22,6 +22,21 @@ class PerfModel(Protocol):
 
 
 @dataclass(frozen=True)
+class SharedCoresSpec:
+    """The host's cores the instances share with the serving path (CPU profiles measured with --serving; the
+    simulator's processor sharing is trtpd/sim/shared_cores.py)."""
+
+    cores: int                            # the cores the deployment's processes run on
+    serving_cpu_per_token_s: float = 0.0  # CPU seconds the serving path spends per streamed token
+
+    def __post_init__(self) -> None:
+        if self.cores < 1:
+            raise ValueError(f"shared cores: cores must be at least 1, got {self.cores}")
+        if self.serving_cpu_per_token_s < 0:
+            raise ValueError(f"shared cores: serving_cpu_per_token_s must be >= 0, got {self.serving_cpu_per_token_s}")
+
+
+@dataclass(frozen=True)
 class InstancePerf:
     """What the planner and the simulator need about one instance of a role."""
 
@@ -30,7 +45,7 @@ class InstancePerf:
     kv_capacity_tokens: int
     kv_bytes_per_token: int  # whole request (all TP shards), in the KV dtype: what crosses the link
     response_latency_s: float = 0.0   # measured serving path latency (reference profiles with --serving)
-    decode_contention: float = 0.0    # measured decode slowdown while prefill computes on shared cores
+    shared_cores: SharedCoresSpec | None = None   # the host's cores the instances share (measured; CPU only)
 
     @property
     def source(self) -> str:
@@ -48,5 +63,7 @@ def instance_perf(model: ModelSpec, hardware: HardwareProfile, tp: int = 1, weig
         return InstancePerf(roofline, tp, roofline.kv_capacity_tokens, model.kv_bytes_per_token(kv))
     capacity = measured.kv_capacity_tokens or roofline.kv_capacity_tokens
     serving = measured.serving.get(mode) if mode else None
+    shared = SharedCoresSpec(serving.host_cores, serving.serving_cpu_per_token_s) \
+        if serving is not None and serving.host_cores else None
     return InstancePerf(MeasuredPerfModel(measured, serving), tp, capacity, model.kv_bytes_per_token(kv),
-                        serving.response_latency_s if serving else 0.0, serving.decode_contention if serving else 0.0)
+                        serving.response_latency_s if serving else 0.0, shared)

@@ -49,7 +49,7 @@ class ColocatedCandidate:
         return ClusterSpec(mode="colocated", decode=BatchRole(num_instances, self.inst.perf, self.inst.kv_capacity_tokens,
                                                               sched),
                            tokens_per_block=tokens_per_block, response_latency_s=self.inst.response_latency_s,
-                           colocated_policy=self.policy)  # type: ignore[arg-type]
+                           colocated_policy=self.policy, shared_cores=self.inst.shared_cores)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

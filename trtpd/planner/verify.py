@@ -48,7 +48,9 @@ def cluster_for(prefill: PrefillCandidate, decode: DecodeCandidate, num_prefill:
                          BatchSchedulerConfig(max_batch_size=decode.max_batch_size,
                                               max_num_tokens=max(decode.max_batch_size, 1))),
         kv_link=KvLinkSpec(link.bytes_per_s, link.latency_s, link.kv_bytes_per_token),
-        tokens_per_block=tokens_per_block, first_token_at=first_token_at)  # type: ignore[arg-type]
+        tokens_per_block=tokens_per_block, first_token_at=first_token_at,  # type: ignore[arg-type]
+        # the serving path as measured with the decode role's curves (CPU profiles; none on GPUs)
+        response_latency_s=decode.inst.response_latency_s, shared_cores=decode.inst.shared_cores)
 
 
 @dataclass(frozen=True)

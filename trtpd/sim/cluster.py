@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from trtpd.perf.model import PerfModel
+from trtpd.perf.model import PerfModel, SharedCoresSpec
 from trtpd.sched.continuous import BatchSchedulerConfig
 from trtpd.sched.prefill import PrefillSchedulerConfig
 
@@ -49,7 +49,9 @@ class ClusterSpec:
     prefill_buckets: tuple[tuple[int, tuple[str, ...]], ...] = ()
     decode_load: Literal["sequences", "free_kv_blocks"] = "sequences"
     response_latency_s: float = 0.0   # the serving path delays every response by this (measured)
-    decode_contention: float = 0.0    # decode steps run this much slower while a prefill batch computes
+    # the instances compute on one host's cores, shared with the serving path (the CPU reference fleet; measured):
+    # steps run longer while the host is oversubscribed (trtpd.sim.shared_cores); None on GPUs
+    shared_cores: SharedCoresSpec | None = None
     # colocated step policy (trtpd.sim.colocated_instance): inflight (whole prompts join decode steps),
     # chunked (a token budget per step, decode first, then prompt chunks), prefill_first (vLLM 0.2)
     colocated_policy: Literal["inflight", "chunked", "prefill_first"] = "inflight"

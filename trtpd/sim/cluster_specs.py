@@ -95,7 +95,7 @@ def disaggregated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Clu
         decode=BatchRole(opts.num_decode, di.perf, di.kv_capacity_tokens, decode_sched),
         kv_link=KvLinkSpec(bw, opts.kv_link_latency_s, di.kv_bytes_per_token),
         tokens_per_block=opts.tokens_per_block, first_token_at=opts.first_token_at,
-        response_latency_s=di.response_latency_s, decode_contention=di.decode_contention)
+        response_latency_s=di.response_latency_s, shared_cores=di.shared_cores)
 
 
 def colocated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: ClusterOptions) -> ClusterSpec:
@@ -109,4 +109,4 @@ def colocated_cluster(model: ModelSpec, hardware: HardwareProfile, opts: Cluster
     sched = BatchSchedulerConfig(max_batch_size=batch, max_num_tokens=max(num_tokens, batch), prefill_in_step=True)
     return ClusterSpec(mode="colocated", decode=BatchRole(num, inst.perf, inst.kv_capacity_tokens, sched),
                        tokens_per_block=opts.tokens_per_block, response_latency_s=inst.response_latency_s,
-                       colocated_policy=opts.colocated_policy)
+                       colocated_policy=opts.colocated_policy, shared_cores=inst.shared_cores)

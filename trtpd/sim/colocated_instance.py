@@ -31,6 +31,7 @@ from trtpd.sim.events import EventLoop
 from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
+from trtpd.sim.shared_cores import SharedCores
 from trtpd.sim.stepping import SteppingInstance
 
 ColocatedPolicy = Literal["inflight", "chunked", "prefill_first"]
@@ -53,7 +54,7 @@ class ColocatedInstance(SteppingInstance):
                  num_blocks: int, tokens_per_block: int, records: RequestRecords,
                  exact_steps: bool = False, on_prefilled: Callable[[int], None] | None = None,
                  on_finished: Callable[[int], None] | None = None, policy: ColocatedPolicy = "inflight",
-                 inline_steps: bool = True) -> None:
+                 inline_steps: bool = True, shared: SharedCores | None = None) -> None:
         if not config.prefill_in_step:
             raise ValueError("a colocated instance needs BatchSchedulerConfig(prefill_in_step=True)")
         if policy not in COLOCATED_POLICIES:
@@ -74,7 +75,10 @@ class ColocatedInstance(SteppingInstance):
         sched_config = replace(config, prefill_in_step=False) if policy == "chunked" else config
         self.scheduler = ContinuousBatchScheduler(sched_config, allocator)
         self.exact_steps = exact_steps
-        self.inline_steps = inline_steps and not exact_steps   # decode-only steps (trtpd.sim.stepping)
+        # decode-only and chunk steps run inline (trtpd.sim.stepping); not with shared cores, where the peers' steps
+        # change them
+        self.inline_steps = inline_steps and not exact_steps and shared is None
+        self.shared = shared               # cores shared with the other instances (trtpd.sim.shared_cores)
         self.horizon_s: Callable[[], float] = loop.next_event_s  # the next event that could reach it
         # chunked, inline chunk steps: True where only arrivals reach the instance (horizon_s = the next
         # arrival; see _run_chunk_steps)
@@ -174,7 +178,10 @@ class ColocatedInstance(SteppingInstance):
         duration_s = self.perf.prefill_s(prefill_tokens, sum_sq)
         self.busy_s += duration_s
         self.is_stepping = True
-        self.loop.push(now_s + duration_s, self._step_done)
+        if self.shared is not None:
+            self.shared.run(self, now_s, duration_s, self._step_done)
+        else:
+            self.loop.push(now_s + duration_s, self._step_done)
 
     def _start_chunked_step(self, now_s: float, after_step: bool = False) -> None:
         duration_s = self._plan_chunked_step(now_s)

@@ -3,7 +3,11 @@
 Life of a sequence: prefill done -> `add` (waiting) -> admitted by ContinuousBatchScheduler.schedule()
 at a step boundary (GUARANTEED_NO_EVICT reserves its blocks) -> KV pulled over this instance's
 ingress link (bytes / bandwidth, FIFO) -> ready -> joins the next step -> generates output_tokens - 1
-tokens, one per step (the first came from prefill) -> finished, blocks freed.
+tokens, one per step (the first came from prefill) -> finished, blocks freed. With the first token at decode, it
+goes out when the sequence joins a step: an engine takes a pulled request into its batch at a step boundary and
+answers the first token then (the reference engine's step() collects finished pulls before it schedules,
+trtpd/engine/decode_engine.py; TensorRT-LLM adds the context phase's first token to a generation-only request
+when it schedules it), so a pull that completes during a step waits for that step's end.
 
 Steps are simulated one by one (latency from the perf model at the step's batch size and total
 context), but no per-sequence work is done per step: a sequence's last step is known when it joins,
@@ -21,13 +25,13 @@ from typing import Callable
 from trtpd.perf import step_runs
 from trtpd.perf.kv_link import kv_transfer_s
 from trtpd.perf.model import PerfModel
-from trtpd.perf.step_runs import DecodeSteps
 from trtpd.sched.block_allocator import BlockAllocator
 from trtpd.sched.continuous import BatchSchedulerConfig, ContinuousBatchScheduler
 from trtpd.sim.events import EventLoop
 from trtpd.sim.kv_blocks import BlockCounter
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.sequence import SimSequence
+from trtpd.sim.shared_cores import SharedCores
 from trtpd.sim.stepping import SteppingInstance
 
 
@@ -53,7 +57,7 @@ class DecodeInstance(SteppingInstance):
                  num_blocks: int, tokens_per_block: int, link: KvLink, kv_bytes_per_token: int,
                  records: RequestRecords, first_token_at_decode: bool,
                  on_kv_pulled: Callable[[float, int], None], exact_steps: bool = False,
-                 contention: Callable[[], float] | None = None,
+                 shared: SharedCores | None = None,
                  on_finished: Callable[[int], None] | None = None, inline_steps: bool = True) -> None:
         self.index = index
         self.loop = loop
@@ -61,17 +65,18 @@ class DecodeInstance(SteppingInstance):
         allocator = (BlockAllocator if exact_steps else BlockCounter)(num_blocks, tokens_per_block)
         self.scheduler = ContinuousBatchScheduler(config, allocator)
         self.exact_steps = exact_steps
-        self.inline_steps = inline_steps and not exact_steps   # decode-only steps (trtpd.sim.stepping)
+        # decode-only steps (trtpd.sim.stepping); not with shared cores, where other instances' steps change them
+        self.inline_steps = inline_steps and not exact_steps and shared is None
         self.horizon_s: Callable[[], float] = loop.next_event_s  # the next event that could reach it
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
         self.records = records
         self.first_token_at_decode = first_token_at_decode
         self.on_kv_pulled = on_kv_pulled   # (now_s, request index): lets prefill free its copy
-        self.contention = contention       # () -> step slowdown factor from other work on shared cores
+        self.shared = shared               # cores shared with the other instances (trtpd.sim.shared_cores)
         self.on_finished = on_finished     # (request index): the router releases the request
         # batch -> (context -> step time) for the inline decode-only steps
-        self._steps_fn = step_runs.decode_steps_for(perf) if contention is None else self._contended_steps
+        self._steps_fn = step_runs.decode_steps_for(perf)
         self.is_stepping = False
         self.num_steps = 0                 # completed steps
         self.num_ready = 0                 # sequences in the current/next step
@@ -110,9 +115,9 @@ class DecodeInstance(SteppingInstance):
         i = seq.request_id
         self.on_kv_pulled(now_s, i)
         seq.is_ready = True
-        if self.first_token_at_decode:
-            self.records.first_token_s[i] = now_s
         if seq.max_new_tokens <= 1:         # the prefill's token was the only one
+            if self.first_token_at_decode:
+                self.records.first_token_s[i] = now_s
             self._finish(now_s, seq)
             if not self.is_stepping and self.scheduler.waiting:
                 self._admit(now_s)
@@ -127,6 +132,10 @@ class DecodeInstance(SteppingInstance):
         if self.joining:
             step = self.num_steps + 1
             finishing, push = self.finishing, heapq.heappush
+            if self.first_token_at_decode:  # answered as it joins the batch (see the module's docstring)
+                first_token = self.records.first_token_s
+                for seq in self.joining:
+                    first_token[seq.request_id] = now_s
             for seq in self.joining:
                 seq.first_step = step
                 seq.last_step = step + seq.max_new_tokens - 2
@@ -140,15 +149,7 @@ class DecodeInstance(SteppingInstance):
             self.is_stepping = False
             return
         duration_s = self.perf.decode_step_s(self.num_ready, self.total_context_tokens)
-        if self.contention is not None:
-            duration_s *= self.contention()
         self._begin_step(now_s, duration_s, self._steps_fn if after_step else None)
-
-    def _contended_steps(self, batch_size: int) -> DecodeSteps:
-        step_s, contention = self.perf.decode_step_s, self.contention
-        assert contention is not None
-        return step_runs.decode_steps(lambda total_context_tokens: step_s(batch_size, total_context_tokens)
-                                      * contention(), batch_size)
 
     def _step_done(self, now_s: float, _: object = None) -> None:
         self._end_step(now_s)

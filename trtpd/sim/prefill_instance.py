@@ -13,6 +13,7 @@ from trtpd.perf.model import PerfModel
 from trtpd.sched.prefill import PrefillBatch, PrefillRequest, PrefillScheduler, PrefillSchedulerConfig
 from trtpd.sim.events import EventLoop
 from trtpd.sim.records import RequestRecords
+from trtpd.sim.shared_cores import SharedCores
 
 TIMER_EPSILON_S = 1e-9  # fire a bucket timeout just after its deadline, past float rounding
 
@@ -20,7 +21,7 @@ TIMER_EPSILON_S = 1e-9  # fire a bucket timeout just after its deadline, past fl
 class PrefillInstance:
     def __init__(self, index: int, loop: EventLoop, perf: PerfModel, config: PrefillSchedulerConfig,
                  kv_capacity_tokens: int, records: RequestRecords,
-                 on_prefilled: Callable[[float, int], None]) -> None:
+                 on_prefilled: Callable[[float, int], None], shared: SharedCores | None = None) -> None:
         self.index = index
         self.loop = loop
         self.perf = perf
@@ -33,6 +34,7 @@ class PrefillInstance:
         self.queued_tokens = 0             # waiting + in the running batch: the router's load signal
         self.busy_s = 0.0
         self._prefill_s: dict[tuple[int, int], float] = {}   # perf.prefill_s by (tokens, sum of squares)
+        self.shared = shared               # cores shared with the other instances (trtpd.sim.shared_cores)
 
     def add(self, now_s: float, index: int) -> None:
         num_tokens = self.records.input_tokens[index]
@@ -69,7 +71,10 @@ class PrefillInstance:
         self.busy_s += duration_s
         self.free_kv_tokens -= num_tokens
         self.is_busy = True
-        self.loop.push(now_s + duration_s, self._done, batch)
+        if self.shared is not None:
+            self.shared.run(self, now_s, duration_s, self._done, batch)
+        else:
+            self.loop.push(now_s + duration_s, self._done, batch)
 
     def _done(self, now_s: float, batch: PrefillBatch) -> None:
         self.is_busy = False

@@ -25,6 +25,7 @@ from trtpd.sim.prefill_instance import PrefillInstance
 from trtpd.sim.records import RequestRecords
 from trtpd.sim.scaling import (FleetMetrics, InstanceLife, RoleMetrics, ScaleEvent, Scaler, ScalingOptions,
                                window_latencies)
+from trtpd.sim.shared_cores import SharedCores
 from trtpd.sim.workload import RequestArrays
 
 
@@ -79,6 +80,7 @@ class Simulator:
         c, tpb = cluster, cluster.tokens_per_block
         assert c.decode is not None
         self.router = Router(routing_policy(cluster))
+        self.shared = SharedCores(c.shared_cores, self.loop) if c.shared_cores is not None else None
         self.fleet = Fleet(cluster, self.loop, self.router, self._make_instance)
         self.prefills: list[PrefillInstance] = self.fleet.by_role["prefill"]
         self.decodes: list[DecodeInstance] = self.fleet.by_role["decode"]
@@ -112,20 +114,20 @@ class Simulator:
         if role == "prefill":
             assert c.prefill is not None
             return PrefillInstance(i, self.loop, c.prefill.perf, c.prefill.scheduler, c.prefill.kv_capacity_tokens,
-                                   self.records, self._on_prefilled)
+                                   self.records, self._on_prefilled, self.shared)
         if role == "decode":
             assert c.kv_link is not None
             return DecodeInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
                                   _blocks(c.decode.kv_capacity_tokens, tpb), tpb,
                                   KvLink(c.kv_link.bytes_per_s, c.kv_link.latency_s), c.kv_link.kv_bytes_per_token,
                                   self.records, c.first_token_at == "decode", self._on_kv_pulled, self.exact_steps,
-                                  self._contention if c.decode_contention else None, self._on_finished,
-                                  self.inline_steps)
+                                  self.shared, self._on_finished, self.inline_steps)
         instance = ColocatedInstance(i, self.loop, c.decode.perf, c.decode.scheduler,
                                      _blocks(c.decode.kv_capacity_tokens, tpb), tpb, self.records, self.exact_steps,
                                      self._on_colocated_prefilled, self._on_finished, c.colocated_policy,
-                                     self.inline_steps)
-        if self.scaler is None:   # only an arrival reaches a colocated instance (its peers' steps do not)
+                                     self.inline_steps, self.shared)
+        if self.scaler is None and self.shared is None:
+            # only an arrival reaches a colocated instance (its peers' steps do not, unless they share its cores)
             instance.horizon_s = self.loop.next_arrival_s
             instance.late_admission = True
         return instance
@@ -192,10 +194,6 @@ class Simulator:
         if self.fleet.num_draining:
             role = "colocated" if self.colocated else "decode"
             self.fleet.remove_if_idle(f"{role}-{self.records.decode_instance[index]}")
-
-    def _contention(self) -> float:
-        """Slowdown factor of a decode step that starts now (shared cores: a prefill batch computing)."""
-        return 1.0 + self.cluster.decode_contention if any(p.is_busy for p in self.prefills) else 1.0
 
     def _on_kv_pulled(self, now_s: float, index: int) -> None:
         prefill = self.records.prefill_instance[index]

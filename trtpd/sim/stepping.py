@@ -19,11 +19,16 @@ import heapq
 from typing import Callable
 
 from trtpd.perf.step_runs import DecodeSteps
+from trtpd.sim.shared_cores import SharedCores
 
 
 class SteppingInstance:
     """Mixin; the instance provides loop, num_steps, num_ready, total_context_tokens, finishing,
-    busy_s, sum_batch_steps, is_stepping, inline_steps, horizon_s, _step_done and _finish."""
+    busy_s, sum_batch_steps, is_stepping, inline_steps, horizon_s, shared, _step_done and _finish.
+    With `shared` cores (trtpd.sim.shared_cores) they time each step, and no step runs inline (the other
+    instances' steps move its end)."""
+
+    shared: SharedCores | None = None
 
     def _begin_step(self, now_s: float, duration_s: float,
                     decode_steps: Callable[[int], DecodeSteps] | None = None) -> None:
@@ -33,6 +38,10 @@ class SteppingInstance:
         self.busy_s += duration_s
         self.sum_batch_steps += self.num_ready
         self.is_stepping = True
+        if self.shared is not None:
+            self.shared.run(self, now_s, duration_s, self._step_done, None, self.num_ready / duration_s
+                            if duration_s > 0 else 0.0)
+            return
         end_s = now_s + duration_s
         if decode_steps is not None and self.inline_steps:
             end_s = self._run_decode_only_steps(end_s, decode_steps)

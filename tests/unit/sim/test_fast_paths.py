@@ -23,8 +23,6 @@ SCHED = PrefillSchedulerConfig(max_num_tokens=4096, max_batch_size=8, min_batch_
 CLUSTERS = {
     "disaggregated": disagg(PERF, num_prefill=2, num_decode=2, prefill_sched=SCHED, decode_batch=24,
                             kv_tokens=10_000, prefill_kv_tokens=6_000, link_bytes_per_s=2e9),
-    "disaggregated-contention": replace(disagg(PERF, num_prefill=2, num_decode=1, prefill_sched=SCHED,
-                                               decode_batch=48), decode_contention=0.3),
     "colocated-inflight": colocated(PERF, num=3, batch=24, max_num_tokens=4096, kv_tokens=10_000),
     "colocated-chunked": replace(colocated(PERF, num=3, batch=24, max_num_tokens=512, kv_tokens=10_000),
                                  colocated_policy="chunked"),

@@ -114,20 +114,3 @@ def test_response_latency_shifts_responses_not_scheduling():
     shifted = latencies(simulate(replace(cluster, response_latency_s=0.03), requests), warmup_fraction=0.0)
     assert np.allclose(shifted.ttft_s, base.ttft_s + 0.03)
     assert np.allclose(shifted.tpot_s, base.tpot_s)
-
-
-def test_decode_contention_slows_steps_only_while_prefill_computes():
-    from dataclasses import replace
-
-    from trtpd.sim.metrics import latencies
-
-    # one request decodes alone; a second, long prompt keeps prefill busy during part of that decode
-    requests = RequestArrays([0.0, 0.05], [10, 2000], [200, 1])
-    cluster = disagg(LinearPerf(prefill_per_token_s=1e-4, decode_fixed_s=0.002))
-    base = latencies(simulate(cluster, requests), warmup_fraction=0.0)
-    slowed = latencies(simulate(replace(cluster, decode_contention=0.5), requests), warmup_fraction=0.0)
-    busy_s = 2000 * 1e-4                        # prefill of the long prompt: 0.2 s of the ~0.4 s decode
-    # steps that start while it computes take 1.5x as long: 0.2 s holds 1/1.5 of the steps it would,
-    # so the decode ends 0.2 x (1 - 1/1.5) s later, spread over 199 steps
-    assert (slowed.tpot_s[0] - base.tpot_s[0]) * 199 == pytest.approx(busy_s * (1 - 1 / 1.5), rel=0.05)
-    assert slowed.ttft_s[0] == pytest.approx(base.ttft_s[0])

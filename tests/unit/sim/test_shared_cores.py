@@ -1,0 +1,97 @@
+"""Shared cores (trtpd/sim/shared_cores.py): steps run longer while the host's demand exceeds its cores, and only
+then; and a pulled request's first token goes out when it joins a decode step (trtpd/sim/decode_instance.py)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from trtpd.sim.events import EventLoop
+from trtpd.sim.metrics import latencies
+from trtpd.sim.shared_cores import SharedCores, SharedCoresSpec
+from trtpd.sim.simulator import simulate
+from trtpd.sim.workload import RequestArrays
+from tests.unit.sim.fakes import LinearPerf, colocated, disagg
+
+
+class _Instance:
+    busy_s = 0.0
+
+
+def _ends(cores: int, steps: list[tuple[float, float, float]], serving_cpu_per_token_s: float = 0.0):
+    """(start, work alone, tokens/s) per step, each on an instance of its own -> (end time, busy_s) of each."""
+    loop = EventLoop()
+    shared = SharedCores(SharedCoresSpec(cores, serving_cpu_per_token_s), loop)
+    ends, instances = {}, [_Instance() for _ in steps]
+    for i, ((start_s, alone_s, tokens_per_s), instance) in enumerate(zip(steps, instances)):
+        def begin(now_s, _, i=i, instance=instance, alone_s=alone_s, tokens_per_s=tokens_per_s):
+            instance.busy_s += alone_s
+            shared.run(instance, now_s, alone_s, lambda end_s, _: ends.__setitem__(i, end_s), None, tokens_per_s)
+        loop.push(start_s, begin)
+    loop.run()
+    return [ends[i] for i in range(len(steps))], [x.busy_s for x in instances]
+
+
+def test_steps_in_flight_share_the_cores_and_their_ends_move_as_demand_changes():
+    # one core: 0-0.5 s the first step alone; then both at half speed until the first has done its 1 s of work
+    # (at 1.5 s); the second, with 0.5 s of work done by then, finishes alone at 2.0 s
+    ends, busy = _ends(1, [(0.0, 1.0, 0.0), (0.5, 1.0, 0.0)])
+    assert ends == pytest.approx([1.5, 2.0]) and busy == pytest.approx([1.5, 1.5])
+    ends, _ = _ends(2, [(0.0, 1.0, 0.0), (0.5, 1.0, 0.0)])     # two cores: no one waits
+    assert ends == pytest.approx([1.0, 1.5])
+    # the serving path: 500 tokens/s x 1 ms = 0.5 cores beside the step's own core, on one core
+    ends, _ = _ends(1, [(0.0, 1.0, 500.0)], serving_cpu_per_token_s=0.001)
+    assert ends == pytest.approx([1.5])
+    ends, _ = _ends(2, [(0.0, 1.0, 500.0)], serving_cpu_per_token_s=0.001)
+    assert ends == pytest.approx([1.0])
+    with pytest.raises(ValueError, match="cores"):
+        SharedCoresSpec(cores=0)
+
+
+def test_two_colocated_instances_on_one_core_take_twice_as_long_as_on_two():
+    perf = LinearPerf(prefill_fixed_s=0.01, decode_fixed_s=0.002)
+    requests = RequestArrays([0.0, 0.0], [16, 16], [50, 50])
+    alone = latencies(simulate(colocated(perf, num=2), requests), warmup_fraction=0.0)
+    one = latencies(simulate(replace(colocated(perf, num=2), shared_cores=SharedCoresSpec(1)), requests),
+                    warmup_fraction=0.0)
+    two = latencies(simulate(replace(colocated(perf, num=2), shared_cores=SharedCoresSpec(2)), requests),
+                    warmup_fraction=0.0)
+    assert np.allclose(two.tpot_s, alone.tpot_s) and np.allclose(two.ttft_s, alone.ttft_s)
+    # both compute every step from start to end: each step, the prefill included, takes 2x
+    assert np.allclose(one.tpot_s, 2 * alone.tpot_s) and np.allclose(one.ttft_s, 2 * alone.ttft_s)
+
+
+def test_the_serving_path_takes_its_cpu_per_streamed_token():
+    """One instance, one sequence, 2 ms steps on one core: 500 tokens/s x 1 ms of serving CPU = 1.5 cores."""
+    perf = LinearPerf(prefill_fixed_s=0.01, decode_fixed_s=0.002)
+    requests = RequestArrays([0.0], [16], [100])
+    base = latencies(simulate(colocated(perf), requests), warmup_fraction=0.0)
+    cluster = replace(colocated(perf), shared_cores=SharedCoresSpec(1, serving_cpu_per_token_s=0.001))
+    served = latencies(simulate(cluster, requests), warmup_fraction=0.0)
+    assert served.tpot_s[0] == pytest.approx(1.5 * base.tpot_s[0], rel=1e-9)
+    assert served.ttft_s[0] == pytest.approx(base.ttft_s[0])     # the prefill-only first step streams nothing
+
+
+def test_decode_steps_slow_down_only_while_prefill_computes_on_the_same_core():
+    # one request decodes alone; a second, long prompt keeps prefill busy during part of that decode
+    requests = RequestArrays([0.0, 0.05], [10, 2000], [200, 1])
+    cluster = disagg(LinearPerf(prefill_per_token_s=1e-4, decode_fixed_s=0.002))
+    base = latencies(simulate(cluster, requests), warmup_fraction=0.0)
+    shared = latencies(simulate(replace(cluster, shared_cores=SharedCoresSpec(1)), requests), warmup_fraction=0.0)
+    # the long prefill starts while decode steps: it takes 2 x 0.2 s, and the decode steps that start in that
+    # 0.4 s take 2x, so the decode ends 0.4 x (1 - 1/2) s later, spread over its 199 steps
+    assert (shared.tpot_s[0] - base.tpot_s[0]) * 199 == pytest.approx(0.4 * (1 - 1 / 2), rel=0.05)
+    assert shared.ttft_s[0] == pytest.approx(base.ttft_s[0])     # its own prefill ran alone
+    assert shared.ttft_s[1] - base.ttft_s[1] == pytest.approx(0.2, rel=0.05)
+
+
+def test_a_pulled_request_answers_its_first_token_when_it_joins_a_decode_step():
+    """Decode steps every 10 ms for a long request; a second request's KV is in mid-step: its first token goes out
+    at that step's end, when it joins the batch (an idle decode instance answers at once)."""
+    perf = LinearPerf(prefill_per_token_s=1e-5, decode_fixed_s=0.01)
+    run = simulate(disagg(perf), RequestArrays([0.0, 0.0234], [10, 10], [100, 5]))
+    r = run.records
+    assert r.first_token_s[0] == pytest.approx(r.transfer_end_s[0])    # decode was idle: at once
+    steps_since = (r.first_token_s[1] - r.first_token_s[0]) / 0.01
+    assert r.first_token_s[1] > r.transfer_end_s[1] + 1e-4                # waited for the step in flight
+    assert steps_since == pytest.approx(round(steps_since), abs=1e-6)      # on a step boundary of the batch
