@@ -3,12 +3,23 @@
 from trtpd.perf.hardware import curves_origin, load_hardware, this_host
 
 
-def test_the_bundled_cpu_profile_names_its_machine_and_that_it_is_not_this_one():
+def test_the_bundled_cpu_profile_names_its_machine_and_whether_it_is_this_one():
     hardware = load_hardware("cpu-reference")
     origin = curves_origin(hardware, "tiny-llama")
     entry = hardware.find_measured("tiny-llama", 1, "fp16")
     assert entry.host in origin and entry.measured_at in origin
-    assert "not this machine" in origin and this_host() in origin    # it names no CPU model or core count
+    if entry.host == this_host():       # the machine it was profiled on (or one with its name, CPU and cores)
+        assert origin.endswith("; this machine")
+    else:
+        assert "not this machine" in origin and this_host() in origin
+
+
+def test_a_profile_from_another_machine_says_so():
+    hardware = load_hardware("cpu-reference")
+    there = hardware.model_copy(update={"measured": [m.model_copy(update={"host": "elsewhere (Some CPU, 64 cores)"})
+                                                     for m in hardware.measured]})
+    origin = curves_origin(there, "tiny-llama")
+    assert "elsewhere (Some CPU, 64 cores)" in origin and "not this machine" in origin and this_host() in origin
 
 
 def test_curves_profiled_here_say_so():
