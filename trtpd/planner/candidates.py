@@ -64,7 +64,7 @@ def saturation_tokens(inst: InstancePerf, sq_per_token: float) -> int:
 def prefill_candidate(model: ModelSpec, hardware: HardwareProfile, tp: int, stats: WorkloadStats,
                       max_input_len: int, space: SearchSpace) -> PrefillCandidate | Rejected:
     try:
-        inst = instance_perf(model, hardware, tp, space.weight_dtype, space.kv_dtype)
+        inst = instance_perf(model, hardware, tp, space.weight_dtype, space.kv_dtype, "disaggregated")
     except TrtpdError as exc:
         return Rejected("prefill", tp, str(exc))
     if tp > hardware.max_devices_per_node:
@@ -83,7 +83,7 @@ def prefill_candidate(model: ModelSpec, hardware: HardwareProfile, tp: int, stat
 def decode_candidate(model: ModelSpec, hardware: HardwareProfile, tp: int, stats: WorkloadStats,
                      max_seq_len: int, slo: Slo, space: SearchSpace) -> DecodeCandidate | Rejected:
     try:
-        inst = instance_perf(model, hardware, tp, space.weight_dtype, space.kv_dtype)
+        inst = instance_perf(model, hardware, tp, space.weight_dtype, space.kv_dtype, "disaggregated")
     except TrtpdError as exc:
         return Rejected("decode", tp, str(exc))
     if tp > hardware.max_devices_per_node:

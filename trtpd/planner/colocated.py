@@ -61,15 +61,19 @@ class StaticPoint:
 
 
 def candidates_for(decode: DecodeCandidate, max_input_len: int,
-                   policies: tuple[str, ...] = ("inflight", "chunked")) -> list[ColocatedCandidate]:
-    """inflight with room for the longest prompt next to a full batch; chunked at each budget."""
+                   policies: tuple[str, ...] = ("inflight", "chunked"),
+                   inst: InstancePerf | None = None) -> list[ColocatedCandidate]:
+    """inflight with room for the longest prompt next to a full batch; chunked at each budget. `inst`: the
+    instance's performance as a colocated one (its serving path, where the profile measured one; default: the
+    decode candidate's)."""
+    inst = inst or decode.inst
     out = []
     for policy in policies:
         if policy == "chunked":
-            out += [ColocatedCandidate(decode.tp, policy, decode.inst, decode.max_batch_size, b)
+            out += [ColocatedCandidate(decode.tp, policy, inst, decode.max_batch_size, b)
                     for b in CHUNK_BUDGETS_TOKENS]
         else:
-            out.append(ColocatedCandidate(decode.tp, policy, decode.inst, decode.max_batch_size,
+            out.append(ColocatedCandidate(decode.tp, policy, inst, decode.max_batch_size,
                                           max_input_len + decode.max_batch_size))
     return out
 

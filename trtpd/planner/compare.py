@@ -6,9 +6,11 @@ goodput (DistServe's: the highest rate at which the SLO attainment holds) next t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from trtpd.perf.model import InstancePerf, instance_perf
+from trtpd.planner.candidates import DecodeCandidate
 from trtpd.planner.colocated import ColocatedCandidate, candidates_for, static_rate_per_s
 from trtpd.planner.search import Choice, PlanProblem, Planner
 from trtpd.planner.verify import cluster_for
@@ -245,6 +247,15 @@ def disaggregated_static_rate_per_s(planner: Planner, choice: Choice) -> float:
 
 
 # -- colocated -----------------------------------------------------------------------------------------
+def colocated_inst(problem: PlanProblem, decode: DecodeCandidate) -> InstancePerf:
+    """The decode candidate's instance as a colocated one: the same engine and KV, with the colocated serving path
+    the profile measured (CPU profiles; on GPUs it is the decode candidate's as it is)."""
+    s = problem.space
+    colocated = instance_perf(problem.model, problem.hardware, decode.tp, s.weight_dtype, s.kv_dtype, "colocated")
+    return replace(decode.inst, perf=colocated.perf, response_latency_s=colocated.response_latency_s,
+                   shared_cores=colocated.shared_cores)
+
+
 def shortlist(planner: Planner) -> list[tuple[ColocatedCandidate, float]]:
     """Per TP: inflight, and chunked at the smallest budget within 2% of its best static rate; TP degrees
     whose static rate per GPU is under 60% of the best are dropped (the simulation rarely moves a
@@ -254,7 +265,7 @@ def shortlist(planner: Planner) -> list[tuple[ColocatedCandidate, float]]:
     for d in planner.decodes:
         memo: dict = {}        # the TP's mixed step times, shared by its candidates
         cands = [(c, static_rate_per_s(c, planner.stats, problem.slo, memo))
-                 for c in candidates_for(d, planner.max_input_len)]
+                 for c in candidates_for(d, planner.max_input_len, inst=colocated_inst(problem, d))]
         inflight = [x for x in cands if x[0].policy == "inflight"]
         chunked = [x for x in cands if x[0].policy == "chunked"]
         best = max(r for _, r in chunked)
@@ -372,7 +383,7 @@ def candidate_of(planner: Planner, key: tuple[int, str, int]) -> ColocatedCandid
     shortlist's static estimates)."""
     for d in planner.decodes:
         if d.tp == key[0]:
-            for c in candidates_for(d, planner.max_input_len):
+            for c in candidates_for(d, planner.max_input_len, inst=colocated_inst(planner.problem, d)):
                 if candidate_key(c) == key:
                     return c
     raise KeyError(f"no colocated candidate {key}")
