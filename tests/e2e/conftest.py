@@ -1,5 +1,7 @@
 """End-to-end tier: the real tritonserver binary with the rendered repository, real role processes,
-real KV transport. Deployments start once per session and stop at the end."""
+real KV transport. The shared deployments start once per session, when a test first needs one, and stop after
+the last test that uses it (pytest_runtest_teardown below): idle, each still takes ~5% of a core (its stubs'
+watches, Triton's metrics), which the rest of the suite would pay for on 2 cores."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import queue
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,31 +152,93 @@ class Server:
         raise AssertionError(f"{model}: {last} free KV blocks after {timeout_s} s, expected {expected}")
 
 
-def _deployed(name: str, spec: ReferenceDeployment):
-    """Body of a session fixture: start the deployment, hand it to the tests, stop it."""
+# the shared deployments' session fixtures -> how to stop each while it runs (called once, early or at the end)
+_STOP: dict[str, Callable[[], None]] = {}
+SHARED_DEPLOYMENTS = ("fp16_disagg", "fp16_coloc", "fp8_disagg", "fp8_coloc", "mismatched")
+
+
+def _stop_once(fixture: str, stop: Callable[[], None]) -> Callable[[], None]:
+    def once() -> None:
+        if _STOP.pop(fixture, None) is not None:
+            stop()
+    _STOP[fixture] = once
+    return once
+
+
+def _deployed(fixture: str, name: str, spec: ReferenceDeployment):
+    """Body of a session fixture: start the deployment, hand it to the tests, stop it (if still running)."""
     dep = deployment.up(name, spec, replace=True)
-    yield Server(dep.server, name)
-    deployment.down(name)
+    stop = _stop_once(fixture, lambda: deployment.down(name))
+    try:
+        yield Server(dep.server, name)
+    finally:
+        stop()
+
+
+# fixtures that may hand a test a shared deployment by request.getfixturevalue (test_equivalence.py's "shm")
+INDIRECT_USERS = {"fp16_disagg_over": "fp16_disagg"}
+
+
+def _uses(item: pytest.Item) -> set[str]:
+    """The shared deployments a test may use: its fixtures (with those they depend on), the fixtures that get
+    one by name, and parameter values that name one (tests that call request.getfixturevalue(server_name))."""
+    names = set(getattr(item, "fixturenames", ()))
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        names |= {v for v in callspec.params.values() if isinstance(v, str)}
+    names |= {INDIRECT_USERS[n] for n in names if n in INDIRECT_USERS}
+    return names & set(SHARED_DEPLOYMENTS)
+
+
+def _last_users(items: list[pytest.Item]) -> dict[str, str]:
+    """Each shared deployment's fixture -> the id of the last test to run that may use it."""
+    return {fixture: item.nodeid for item in items for fixture in _uses(item)}
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test files that use a shared deployment run first (each file whole, in its own order; the other files
+    keep theirs), so that the shared deployments are stopped before the long fleet and controller tests."""
+    here = Path(__file__).resolve().parent
+    mine = [i for i in items if here in Path(i.path).resolve().parents]
+    users = {i.path for i in mine if _uses(i)}
+    ordered = iter([i for i in mine if i.path in users] + [i for i in mine if i.path not in users])
+    chosen = set(mine)
+    items[:] = [next(ordered) if i in chosen else i for i in items]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test that uses a shared deployment (its own fixtures torn down), stop that deployment."""
+    session = item.session
+    last = getattr(session, "_trtpd_last_users", None)
+    if last is None:
+        last = session._trtpd_last_users = _last_users(session.items)
+    for fixture, nodeid in last.items():
+        if nodeid == item.nodeid and fixture in _STOP:
+            _STOP[fixture]()
 
 
 @pytest.fixture(scope="session")
 def fp16_disagg(trtpd_home, fp16_root):
-    yield from _deployed("e2e-fp16-disagg", ReferenceDeployment(fp16_root, mode="disaggregated"))
+    yield from _deployed("fp16_disagg", "e2e-fp16-disagg", ReferenceDeployment(fp16_root, mode="disaggregated"))
 
 
 @pytest.fixture(scope="session")
 def fp16_coloc(trtpd_home, fp16_root):
-    yield from _deployed("e2e-fp16-coloc", ReferenceDeployment(fp16_root, mode="colocated", colocated_instances=2))
+    yield from _deployed("fp16_coloc", "e2e-fp16-coloc",
+                         ReferenceDeployment(fp16_root, mode="colocated", colocated_instances=2))
 
 
 @pytest.fixture(scope="session")
 def fp8_disagg(trtpd_home, fp8_root):
-    yield from _deployed("e2e-fp8-disagg", ReferenceDeployment(fp8_root, mode="disaggregated", kv_transport="tcp"))
+    yield from _deployed("fp8_disagg", "e2e-fp8-disagg",
+                         ReferenceDeployment(fp8_root, mode="disaggregated", kv_transport="tcp"))
 
 
 @pytest.fixture(scope="session")
 def fp8_coloc(trtpd_home, fp8_root):
-    yield from _deployed("e2e-fp8-coloc", ReferenceDeployment(fp8_root, mode="colocated", colocated_instances=1))
+    yield from _deployed("fp8_coloc", "e2e-fp8-coloc",
+                         ReferenceDeployment(fp8_root, mode="colocated", colocated_instances=1))
 
 
 @pytest.fixture(scope="session")
@@ -183,11 +248,12 @@ def mismatched(trtpd_home, fp16_root, fp8_root, tmp_path_factory):
     folder = tmp_path_factory.mktemp("mismatch")
     repo = render_reference_repository(spec, folder / "repo", check_compatibility=False)
     server = start_server(repo, folder)
+    stop = _stop_once("mismatched", lambda: stop_server(server))
     try:
         wait_ready(server, 180)
         yield Server(server, "mismatch")
     finally:
-        stop_server(server)
+        stop()
 
 
 @pytest.fixture(scope="session")
