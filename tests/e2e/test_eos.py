@@ -79,16 +79,19 @@ def wait_used_blocks(server, model: str, expected: float, timeout_s: float = 10.
 
 
 def decode_requests(server) -> float:
-    """How many requests the decode model has been sent (Triton's own counts, success or not), once they settled."""
-    def count() -> float:
-        return sum(v for (name, labels), v in server.metrics().items()
-                   if name in ("nv_inference_request_success", "nv_inference_request_failure")
-                   and dict(labels).get("model") == "decode")
-    last, now = -1.0, count()
-    while now != last:      # a request that just ended may be counted a moment after its response
-        time.sleep(0.3)
-        last, now = now, count()
-    return now
+    """How many requests the decode model has been sent (Triton's own counts, success or not)."""
+    return sum(v for (name, labels), v in server.metrics().items()
+               if name in ("nv_inference_request_success", "nv_inference_request_failure")
+               and dict(labels).get("model") == "decode")
+
+
+def wait_decode_requests(server, at_least: float, timeout_s: float = 10.0) -> float:
+    """The decode model's request count once it reaches `at_least` (Triton counts a request as it is released,
+    a moment after its last response), or what it is at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (count := decode_requests(server)) < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return count
 
 
 @pytest.mark.parametrize("ended_by", ["end_id", "stop_words_list"])
@@ -132,15 +135,24 @@ def test_the_first_token_at_the_end_id_gives_an_empty_completion(fp16_disagg, to
         assert status == 200 and whole["output_ids"] == [], whole
         return
     prompt = tokenizer.encode(PROMPT)
+
+    def entry(end_id: int):
+        return fp16_disagg.call("disagg_bls", {
+            "input_ids": np.array([prompt], dtype=np.int32),
+            "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
+            "request_output_len": np.array([[MAX_TOKENS]], dtype=np.int32), "end_id": np.array([[end_id]], np.int32),
+            "return_generation_logits": np.array([[True]], dtype=np.bool_)})
+
+    fp16_disagg.idle_blocks("decode")          # no decode request of an earlier test still in flight
     asked = decode_requests(fp16_disagg)
-    responses = fp16_disagg.call("disagg_bls", {
-        "input_ids": np.array([prompt], dtype=np.int32), "input_lengths": np.array([[len(prompt)]], dtype=np.int32),
-        "request_output_len": np.array([[MAX_TOKENS]], dtype=np.int32), "end_id": np.array([[ids[0]]], np.int32),
-        "return_generation_logits": np.array([[True]], dtype=np.bool_)})
+    responses = entry(ids[0])
     assert tokens_of(responses) == []
     assert responses[-1].get_response().parameters["triton_final_response"].bool_param
-    assert decode_requests(fp16_disagg) == asked
     wait_used_blocks(fp16_disagg, "prefill", 0)
+    # the same request without the end id does reach decode: once it is counted, the count says decode got one
+    # request in all, that one
+    assert tokens_of(entry(-1)) == ids[:MAX_TOKENS]
+    assert wait_decode_requests(fp16_disagg, asked + 1) == asked + 1
 
 
 def test_preprocessing_fills_end_id_from_the_tokenizer_unless_the_client_sends_one(fp16_disagg, tokenizer):
