@@ -5,7 +5,8 @@
    with bursty arrivals) and mode (disaggregated 1P1D, colocated 2 instances), start the real tritonserver
    deployment once and run each rate through it (same requests, streaming over gRPC),
 3. simulate exactly those requests (arrivals and lengths) on clusters that mirror the engines' scheduler
-   settings and KV pools, with the measured curves,
+   settings and KV pools and the deployment's routing (Triton gives the colocated instance group's requests to
+   its instances in turn: trtpd.sim.fidelity.mirrored_clusters), with the measured curves,
 4. print each cell's TTFT and TPOT at P50/P90/P99 and goodput (requests/s meeting the SLO) real vs simulated with
    the relative error, and the mean absolute percentage error (MAPE) per workload (goal: every P50/P90 and
    goodput within 15%; BLIS's published MAPE is 11.8% E2E). ITL is not compared: the simulator records a
@@ -39,8 +40,9 @@ from trtpd.engine.reference_engines import build_reference
 from trtpd.fleet import deployment
 from trtpd.perf.hardware import curves_origin, load_hardware
 from trtpd.repo.reference import ReferenceDeployment
-from trtpd.sim.cluster_specs import ClusterOptions, colocated_cluster, disaggregated_cluster, options_from_engines
-from trtpd.sim.fidelity import MODES, FidelityRecord, RecordedCell, cell_rows, mape, worst_decisive
+from trtpd.sim.cluster_specs import ClusterOptions, options_from_engines
+from trtpd.sim.fidelity import (MODES, FidelityRecord, RecordedCell, cell_rows, mape, mirrored_clusters,
+                                 worst_decisive)
 from trtpd.sim.metrics import Latencies, latencies, summarize
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
@@ -110,8 +112,7 @@ def main() -> int:
     model = get_model("tiny-llama")
     opts = options_from_engines(root, ClusterOptions(num_colocated=2, kv_link_bytes_per_s=args.kv_link_bytes_per_s,
                                                      first_token_at="decode"))
-    clusters = {"disaggregated": disaggregated_cluster(model, hardware, opts),
-                "colocated": colocated_cluster(model, hardware, opts)}
+    clusters = mirrored_clusters(model, hardware, opts)
 
     cells = [(w, r) for w in workloads for r in rates]
     requests = {c: make_requests(tokenizer, c[0], c[1], args.num_requests, args.seed, 2048) for c in cells}

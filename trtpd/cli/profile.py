@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     pcfg, dcfg = EngineConfig.load(prefill_dir), EngineConfig.load(decode_dir)
     limits = EngineLimits(prefill_max_num_tokens=pcfg.max_num_tokens, decode_max_batch_size=dcfg.max_batch_size,
                           decode_max_seq_len=dcfg.max_seq_len,
-                          decode_kv_capacity_tokens=dcfg.num_kv_blocks * dcfg.tokens_per_block)
+                          decode_kv_capacity_tokens=dcfg.num_kv_blocks * dcfg.tokens_per_block,
+                          prefill_max_input_len=pcfg.max_input_len)
     grid = ProfileGrid.quick() if args.quick else ProfileGrid()
     print(f"profiling {pcfg.model} ({pcfg.kv_dtype.value} KV) on {this_host()}: "
           f"prefill from {prefill_dir}, decode from {decode_dir}", flush=True)

@@ -8,13 +8,33 @@ from trtpd.perf.interp import Curve1D, Grid2D
 
 
 class PrefillCurve(BaseModel):
+    """Prefill latency by batched prompt tokens, and (measured profiles since 2026-12-04) what one long prompt
+    costs beyond the same tokens as short prompts: attention grows with each prompt's length squared, so a batch's
+    latency depends on how its tokens are split into prompts, not on their number alone (on the reference CPU engine
+    one prompt of 1,024 tokens takes 3x the time of 16 prompts of 64). `trtpd profile` measures `latency_s` on
+    batches of prompts of at most `prompt_tokens` each (trtpd.perf.profiling.batch_prompt_lens) and
+    `single_latency_s` on one prompt of each of `single_prompt_tokens`; MeasuredPerfModel.prefill_s combines them."""
+
     model_config = ConfigDict(extra="forbid")
     num_tokens: list[int] = Field(min_length=1, description="batched prompt tokens per prefill batch")
     latency_s: list[float] = Field(min_length=1)
+    prompt_tokens: int | None = Field(default=None, gt=0, description="the longest prompt in each batch of the "
+                                      "curve (the batches split their tokens evenly into prompts of at most this "
+                                      "many); absent: not recorded, the curve is read by batched tokens alone")
+    single_prompt_tokens: list[int] = Field(default_factory=list, description="lengths of the single prompts "
+                                            "measured, each longer than prompt_tokens")
+    single_latency_s: list[float] = Field(default_factory=list, description="latency of one prompt of each length")
 
     @model_validator(mode="after")
     def _check(self) -> "PrefillCurve":
         Curve1D(tuple(self.num_tokens), tuple(self.latency_s))  # raises with a message on bad shape
+        if self.single_prompt_tokens or self.single_latency_s:
+            if self.prompt_tokens is None:
+                raise ValueError("single_prompt_tokens needs prompt_tokens (the curve's longest prompt)")
+            Curve1D(tuple(self.single_prompt_tokens), tuple(self.single_latency_s))
+            if self.single_prompt_tokens[0] <= self.prompt_tokens:
+                raise ValueError(f"single_prompt_tokens must be longer than prompt_tokens ({self.prompt_tokens}); "
+                                 f"got {self.single_prompt_tokens[0]}")
         return self
 
 
@@ -62,14 +82,23 @@ class MeasuredProfile(BaseModel):
 
 
 class MeasuredPerfModel:
-    """PerfModel over measured curves. Prefill depends on batched tokens only (the profile's axis)."""
+    """PerfModel over measured curves. Prefill: the curve at the batch's tokens, plus, when the profile has single
+    prompts, the attention its long prompts add (prefill_s)."""
 
     def __init__(self, profile: MeasuredProfile, serving: ServingOverhead | None = None) -> None:
         self.profile = profile
         # where the numbers come from: "measured" (trtpd profile on an engine), or "measured: <backend>"
         self.source = "measured" if profile.backend == "reference" else f"measured: {profile.backend}"
         self.serving = serving or ServingOverhead()
-        self._prefill = Curve1D(tuple(profile.prefill.num_tokens), tuple(profile.prefill.latency_s))
+        p = profile.prefill
+        self._prefill = Curve1D(tuple(p.num_tokens), tuple(p.latency_s))
+        # a prompt of n > prompt_tokens tokens costs this much beyond the same n tokens as the curve's short prompts
+        self._prompt_tokens = p.prompt_tokens or 0
+        self._long_prompt_extra: Curve1D | None = None
+        if p.single_prompt_tokens and p.prompt_tokens:
+            self._long_prompt_extra = Curve1D(
+                (float(p.prompt_tokens), *map(float, p.single_prompt_tokens)),
+                (0.0, *(max(0.0, s - self._prefill(n)) for n, s in zip(p.single_prompt_tokens, p.single_latency_s))))
         d = profile.decode
         self._decode = Grid2D(tuple(d.batch_sizes), tuple(d.context_lens), tuple(tuple(r) for r in d.step_latency_s))
         self._min_context = float(min(d.context_lens))
@@ -90,7 +119,18 @@ class MeasuredPerfModel:
         return self._prefill(prefill_tokens + batch_size) + attention + self.serving.step_overhead_s
 
     def prefill_s(self, num_tokens: int, sum_sq_tokens: int = 0) -> float:
-        return self._prefill(num_tokens)
+        """The curve at `num_tokens`, plus the long prompts' extra: the batch is read as num_tokens / n prompts of
+        n = sum_sq_tokens / num_tokens tokens each (exact for prompts of equal length; a batch of one long and
+        a few short prompts is within ~15% on the reference engine, benchmarks in docs/simulator-fidelity.md).
+        sum_sq_tokens 0 (not known): the curve alone."""
+        base = self._prefill(num_tokens)
+        extra = self._long_prompt_extra
+        if extra is None or num_tokens <= 0 or sum_sq_tokens <= 0:
+            return base
+        n = sum_sq_tokens / num_tokens
+        if n <= self._prompt_tokens:
+            return base
+        return base + num_tokens / n * extra(n)
 
     def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
         forward = self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)

@@ -2,9 +2,10 @@
 
 The measuring functions are parameters (the reference engine's, or fakes in tests), so this module
 does no I/O itself. Prefill: latency vs batched prompt tokens; a point of T tokens is a batch of
-ceil(T / max_prompt_tokens) equal prompts (chat-like prompts, not one giant one). Decode: step latency
-over a grid of batch sizes x context lengths. Points the engine cannot run (beyond its
-max_num_tokens, max_batch_size, max_seq_len or KV pool) are left out, keeping the grid rectangular.
+ceil(T / max_prompt_tokens) equal short prompts, and one prompt of each of `single_prompt_tokens` gives what a
+long prompt's attention adds (MeasuredPerfModel.prefill_s). Decode: step latency over a grid of batch sizes x
+context lengths. Points the engine cannot run (beyond its max_num_tokens, max_input_len, max_batch_size,
+max_seq_len or KV pool) are left out, keeping the grid rectangular.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class ProfileGrid:
     prefill_num_tokens: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
-    max_prompt_tokens: int = 1024
+    # short enough that the curve is the tokens' cost with little attention (before 2026-12-04: 1024, which made
+    # the curve's points up to 1,024 one prompt and beyond it several, and read a batch of short prompts as one)
+    max_prompt_tokens: int = 64
     decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     decode_context_lens: tuple[int, ...] = (64, 256, 1024)
+    single_prompt_tokens: tuple[int, ...] = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 
     @classmethod
     def quick(cls) -> "ProfileGrid":
-        return cls((64, 256, 1024, 2048), 1024, (1, 4, 16), (64, 512))
+        return cls((64, 256, 1024, 2048), 64, (1, 4, 16), (64, 512), (256, 1024))
 
 
 @dataclass(frozen=True)
@@ -39,12 +43,22 @@ class EngineLimits:
     decode_max_batch_size: int
     decode_max_seq_len: int
     decode_kv_capacity_tokens: int
+    prefill_max_input_len: int | None = None    # the longest single prompt measured; None: none is
 
 
 def batch_prompt_lens(num_tokens: int, max_prompt_tokens: int) -> list[int]:
     count = math.ceil(num_tokens / max_prompt_tokens)
     base, extra = divmod(num_tokens, count)
     return [base + (1 if i < extra else 0) for i in range(count)]
+
+
+def single_prompts(grid: ProfileGrid, limits: EngineLimits) -> list[int]:
+    """The single prompts the engine can run, each longer than the curve's prompts, and its longest prompt (what
+    lies beyond the last point measured is extrapolated)."""
+    longest = min(limits.prefill_max_input_len or 0, limits.prefill_max_num_tokens)
+    if longest <= grid.max_prompt_tokens or not grid.single_prompt_tokens:
+        return []
+    return [n for n in grid.single_prompt_tokens if grid.max_prompt_tokens < n < longest] + [longest]
 
 
 def feasible_grid(grid: ProfileGrid, limits: EngineLimits) -> tuple[list[int], list[int], list[int]]:
@@ -70,6 +84,11 @@ def measure_profile(measure_prefill_s: MeasurePrefill, measure_decode_step_s: Me
     for t in tokens:
         latencies.append(measure_prefill_s(batch_prompt_lens(t, grid.max_prompt_tokens)))
         progress(f"prefill {t:>5} tokens: {latencies[-1] * 1e3:8.1f} ms")
+    singles = single_prompts(grid, limits)
+    single_latencies = []
+    for n in singles:
+        single_latencies.append(measure_prefill_s([n]))
+        progress(f"prefill one prompt of {n:>5} tokens: {single_latencies[-1] * 1e3:8.1f} ms")
     steps = []
     for b in batches:
         row = [measure_decode_step_s(b, c) for c in contexts]
@@ -77,7 +96,9 @@ def measure_profile(measure_prefill_s: MeasurePrefill, measure_decode_step_s: Me
         progress(f"decode batch {b:>3}: " + ", ".join(f"ctx {c} {s * 1e3:.1f} ms" for c, s in zip(contexts, row)))
     return MeasuredProfile(model=model, tp=tp, kv_dtype=kv_dtype, backend=backend, measured_at=measured_at, host=host,
                            kv_capacity_tokens=limits.decode_kv_capacity_tokens,
-                           prefill=PrefillCurve(num_tokens=tokens, latency_s=latencies),
+                           prefill=PrefillCurve(num_tokens=tokens, latency_s=latencies,
+                                                prompt_tokens=grid.max_prompt_tokens, single_prompt_tokens=singles,
+                                                single_latency_s=single_latencies),
                            decode=DecodeGrid(batch_sizes=batches, context_lens=contexts, step_latency_s=steps))
 
 

@@ -112,6 +112,23 @@ class FidelityRecord:
         return list(dict.fromkeys(c.workload for c in self.cells))
 
 
+def mirrored_clusters(model, hardware, options) -> dict:
+    """The simulated clusters that mirror validate_sim's real deployments, by mode: the engines' options, and the
+    colocated instances routed as the real deployment routes them. Its instances are one Triton model's instance
+    group (instance_count 2 in one tritonserver), and Triton hands each request to its instances in turn, whatever
+    their load: the role model's execute() only queues the request for its engine and returns at once, so every
+    instance is free when the next one comes (Triton schedules "as soon as a model instance is available",
+    docs/user_guide/rate_limiter.md, rate limiting off; measured 2026-12-04: 8 requests sent one after another went
+    to instances 1, 0, 1, 0, ..., and two sent 50 ms apart to both). The gateway's fleet routes by load instead
+    (the simulator's default, what the planner plans)."""
+    from dataclasses import replace
+
+    from trtpd.sim.cluster_specs import colocated_cluster, disaggregated_cluster
+
+    return {"disaggregated": disaggregated_cluster(model, hardware, options),
+            "colocated": replace(colocated_cluster(model, hardware, options), routing="round_robin")}
+
+
 def simulate_record(record: FidelityRecord) -> dict[str, list[Row]]:
     """Each recorded cell simulated again with the recorded profile and options, compared with its real
     latencies: the rows per workload."""
@@ -120,7 +137,6 @@ def simulate_record(record: FidelityRecord) -> dict[str, list[Row]]:
     from trtpd.catalog import get_model
     from trtpd.perf.hardware import HardwareProfile
     from trtpd.perf.yaml_io import load_model
-    from trtpd.sim.cluster_specs import colocated_cluster, disaggregated_cluster
     from trtpd.sim.metrics import latencies
     from trtpd.sim.options import ClusterOptions
     from trtpd.sim.simulator import simulate
@@ -128,8 +144,7 @@ def simulate_record(record: FidelityRecord) -> dict[str, list[Row]]:
 
     hardware = load_model(HardwareProfile, yaml.safe_load(record.hardware_yaml), "the recorded profile")
     model, options = get_model(record.model), ClusterOptions(**record.options)
-    clusters = {"disaggregated": disaggregated_cluster(model, hardware, options),
-                "colocated": colocated_cluster(model, hardware, options)}
+    clusters = mirrored_clusters(model, hardware, options)
     rows: dict[str, list[Row]] = {}
     for cell in record.cells:
         run = simulate(clusters[cell.mode], RequestArrays(cell.arrival_s, cell.input_tokens, cell.output_tokens))

@@ -79,3 +79,56 @@ def test_serving_overhead_adds_to_measured_decode_steps():
                                                         per_sequence_step_s=0.0002))
     assert served.decode_step_s(8, 8 * 64) == pytest.approx(plain.decode_step_s(8, 8 * 64) + 0.0005 + 8 * 0.0002)
     assert served.prefill_s(500) == plain.prefill_s(500)
+
+
+# ---- long prompts: the attention a prompt's length adds ------------------------------------------------------
+def attention_prefill_s(lens):
+    """A fake engine whose attention grows with each prompt's length squared (the reference CPU engine: one prompt
+    of 1,024 tokens takes 3x 16 prompts of 64)."""
+    return 0.001 + 1e-4 * sum(lens) + 3e-7 * sum(n * n for n in lens)
+
+
+LONG_LIMITS = EngineLimits(prefill_max_num_tokens=4096, decode_max_batch_size=16, decode_max_seq_len=1600,
+                           decode_kv_capacity_tokens=16 * 600, prefill_max_input_len=1500)
+
+
+def test_the_profile_measures_single_long_prompts_up_to_the_engines_longest():
+    asked = []
+    prof = measure_profile(lambda lens: asked.append(list(lens)) or attention_prefill_s(lens), fake_decode_s,
+                           ProfileGrid(), LONG_LIMITS, "tiny-llama", "fp16")
+    p = prof.prefill
+    assert p.prompt_tokens == ProfileGrid().max_prompt_tokens
+    assert all(max(lens) <= p.prompt_tokens for lens in asked[:len(p.num_tokens)])   # the curve: short prompts
+    assert p.single_prompt_tokens == [128, 256, 384, 512, 768, 1024, 1500]            # then one prompt each
+    assert asked[len(p.num_tokens):] == [[n] for n in p.single_prompt_tokens]
+    assert p.single_latency_s == pytest.approx([attention_prefill_s([n]) for n in p.single_prompt_tokens])
+    without = EngineLimits(**{**LONG_LIMITS.__dict__, "prefill_max_input_len": None})
+    assert measure_profile(attention_prefill_s, fake_decode_s, ProfileGrid(), without, "m", "fp16"
+                           ).prefill.single_prompt_tokens == []
+
+
+@pytest.mark.parametrize("lens", [[1500], [1000], [700, 700], [300] * 8, [900, 200, 150], [64] * 16, [1500, 553]])
+def test_a_batchs_prefill_follows_how_its_tokens_split_into_prompts(lens):
+    """The measured model against the fake engine: the same tokens cost what their prompts' lengths make them cost
+    (a batch read by its tokens alone puts one prompt of 1,500 at the cost of 23 prompts of 64: 2.4x short)."""
+    from trtpd.perf.measured import MeasuredPerfModel
+
+    prof = measure_profile(attention_prefill_s, fake_decode_s, ProfileGrid(), LONG_LIMITS, "tiny-llama", "fp16")
+    model = MeasuredPerfModel(prof)
+    tokens, sum_sq = sum(lens), sum(n * n for n in lens)
+    equal = len(set(lens)) == 1
+    assert model.prefill_s(tokens, sum_sq) == pytest.approx(attention_prefill_s(lens), rel=0.02 if equal else 0.15)
+
+
+def test_a_profile_without_single_prompts_reads_the_curve_as_before():
+    from trtpd.perf.measured import DecodeGrid, MeasuredPerfModel, MeasuredProfile, PrefillCurve
+
+    decode = DecodeGrid(batch_sizes=[1], context_lens=[64], step_latency_s=[[0.002]])
+    old = MeasuredPerfModel(MeasuredProfile(model="m", decode=decode,
+                                            prefill=PrefillCurve(num_tokens=[64, 1024], latency_s=[0.01, 0.2])))
+    assert old.prefill_s(1024, 1024 * 1024) == old.prefill_s(1024) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="needs prompt_tokens"):
+        PrefillCurve(num_tokens=[64], latency_s=[0.01], single_prompt_tokens=[512], single_latency_s=[0.1])
+    with pytest.raises(ValueError, match="longer than prompt_tokens"):
+        PrefillCurve(num_tokens=[64], latency_s=[0.01], prompt_tokens=64, single_prompt_tokens=[64],
+                     single_latency_s=[0.1])

@@ -54,3 +54,23 @@ def test_the_shared_cores_bring_the_simulator_closer_to_the_recorded_fleet_under
     shared_rows, unshared_rows = simulate_record(record), simulate_record(unshared)
     for workload in ("cpu-powerlaw-long", "cpu-bursty"):
         assert mape(shared_rows[workload]) < 0.8 * mape(unshared_rows[workload]), workload
+
+
+def test_the_long_prompts_attention_brings_the_simulator_closer_to_the_recorded_fleet():
+    """The recorded profile's single prompts (what a long prompt's attention adds beyond the curve's short prompts)
+    against the same profile read by batched tokens alone: one prompt of 1,500 tokens costs about four times
+    the curve's 1,500 tokens as prompts of 64, and the bursty workload's tail is made of such prompts."""
+    import dataclasses
+
+    import yaml
+
+    record = FidelityRecord.load(RECORD)
+    hardware = yaml.safe_load(record.hardware_yaml)
+    for prefill in (m["prefill"] for m in hardware["measured"]):
+        assert len(prefill["single_prompt_tokens"]) >= 3 and prefill["prompt_tokens"] <= 128
+        prefill["single_prompt_tokens"], prefill["single_latency_s"] = [], []
+    tokens_alone = dataclasses.replace(record, hardware_yaml=yaml.safe_dump(hardware))
+    with_attention, without = simulate_record(record), simulate_record(tokens_alone)
+    for workload in with_attention:
+        assert mape(with_attention[workload]) < mape(without[workload]), workload
+    assert mape(with_attention["cpu-bursty"]) < 0.8 * mape(without["cpu-bursty"])
