@@ -27,6 +27,7 @@ from trtpd.catalog import get_model
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.perf.hardware import HardwareProfile
 from trtpd.perf.measured import ServingOverhead
+from trtpd.perf.model import instance_perf
 from trtpd.deploy.spec import ReferenceDeployment
 from trtpd.fleet import deployment
 from trtpd.serving import stub_watch
@@ -36,6 +37,7 @@ from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import RequestArrays
 
 PROMPT_TOKENS, OUTPUT_TOKENS, BIG_BATCH = 100, 64, 8
+LONG_PROMPT_TOKENS = 512   # the prefill scale's scenario: one such prompt at a time (~0.1 s of one engine's compute)
 ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stubs run the engines (repo/reference.py)
 CALIBRATION_ROUNDS = 4
 
@@ -51,6 +53,20 @@ def _real(url: str, prompts: list[str], rounds: int) -> tuple[float, float]:
             ttft.append(res.ttft_s)
             tpot.append(res.tpot_s)
     return statistics.median(ttft), statistics.median(tpot)
+
+
+def _real_prefill_compute(url: str, prompt: str, rounds: int) -> float:
+    """Median prefill compute the engine reports (its perf output, PERF_OUTPUTS) for one prompt at a time: each
+    request alone in its batch, so that the pass is the one the profile timed."""
+    compute = []
+    for r in range(rounds):
+        (res,) = run_stream(url, [BenchRequest(f"probe-long-{r}", prompt, 1, 0.0)])
+        if res.error:
+            raise RuntimeError(f"serving probe request failed: {res.error}")
+        if "prefill_compute_ms" not in res.perf:
+            raise RuntimeError("serving probe: the response carries no prefill_compute_ms perf output")
+        compute.append(res.perf["prefill_compute_ms"] / 1e3)
+    return statistics.median(compute)
 
 
 def _simulated(cluster, batch: int) -> tuple[float, float]:
@@ -71,6 +87,16 @@ def fit_step_costs(real_tpot_s: tuple[float, float], simulated_tpot_s: Callable[
         step = max(0.0, overhead.step_overhead_s + gap1 - (per_sequence - overhead.per_sequence_step_s))
         overhead = overhead.model_copy(update={"step_overhead_s": step, "per_sequence_step_s": per_sequence})
     return overhead
+
+
+def fit_prefill_scale(real_compute_s: float, profiled_s: float) -> float:
+    """How much longer the engine's prefill pass takes in the server than in the profile: the prefill compute the
+    engine reported for a prompt alone in its batch over the profile's figure for that prompt. (Not from the
+    batch of 8: the serving path hands those to the engine one by one, so the engine's batches are not the ones
+    the profile would predict, and their means would mix the batching into the scale.)"""
+    if profiled_s <= 0:
+        raise ValueError(f"the profile's prefill is {profiled_s} s: its prefill curve is empty")
+    return real_compute_s / profiled_s
 
 
 def _with_serving(hardware: HardwareProfile, mode: str, overhead: ServingOverhead) -> HardwareProfile:
@@ -99,6 +125,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the step costs)
         run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
         real1 = _real(dep.server.grpc_url, prompts[:1], rounds)
+        real_prefill_s = _real_prefill_compute(dep.server.grpc_url,
+                                               prompt_with_tokens(tokenizer, LONG_PROMPT_TOKENS, seed=99), rounds)
         serving_cpu = _serving_cpu(dep)
         cpu_before_s = serving_cpu()
         real8 = _real(dep.server.grpc_url, prompts, rounds)
@@ -117,12 +145,18 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         return _simulated(cluster, 1), _simulated(cluster, BIG_BATCH)
 
     start = ServingOverhead(host_cores=len(os.sched_getaffinity(0)), serving_cpu_per_token_s=cpu_per_token_s)
-    sim1, sim8 = simulated(start)              # the engine alone: no step costs yet
+    engine1, engine8 = simulated(start)        # the engine alone: no step costs yet
+    profiled_s = instance_perf(model, hardware, 1, opts.weight_dtype, opts.kv_dtype).perf.prefill_s(   # the curves alone
+        LONG_PROMPT_TOKENS, LONG_PROMPT_TOKENS ** 2)
+    start = start.model_copy(update={"prefill_compute_scale": fit_prefill_scale(real_prefill_s, profiled_s)})
     overhead = fit_step_costs((real1[1], real8[1]), lambda o: tuple(s[1] for s in simulated(o)), start)
+    sim1 = simulated(overhead)[0]
     overhead = overhead.model_copy(update={"response_latency_s": max(0.0, real1[0] - sim1[0])})
-    progress(f"serving ({mode}): TTFT real {real1[0] * 1e3:.1f} vs engine {sim1[0] * 1e3:.1f} ms; TPOT at 1/{BIG_BATCH} "
-             f"real {real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs engine {sim1[1] * 1e3:.2f}/{sim8[1] * 1e3:.2f} ms -> "
+    progress(f"serving ({mode}): TTFT real {real1[0] * 1e3:.1f} vs simulated {sim1[0] * 1e3:.1f} ms; TPOT at 1/{BIG_BATCH} "
+             f"real {real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs engine {engine1[1] * 1e3:.2f}/{engine8[1] * 1e3:.2f} ms -> "
              f"response +{overhead.response_latency_s * 1e3:.1f} ms, step +{overhead.step_overhead_s * 1e3:.2f} ms "
              f"+ {overhead.per_sequence_step_s * 1e3:.2f} ms per sequence; the serving path's CPU "
-             f"{cpu_per_token_s * 1e3:.2f} ms per token on {overhead.host_cores} shared cores")
+             f"{cpu_per_token_s * 1e3:.2f} ms per token on {overhead.host_cores} shared cores; one prompt of "
+             f"{LONG_PROMPT_TOKENS} tokens: prefill {real_prefill_s * 1e3:.1f} ms in the server, {profiled_s * 1e3:.1f} "
+             f"profiled -> x{overhead.prefill_compute_scale:.2f}")
     return overhead

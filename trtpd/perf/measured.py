@@ -64,6 +64,9 @@ class ServingOverhead(BaseModel):
                             "devices of its own (GPUs), nothing is shared")
     serving_cpu_per_token_s: float = Field(default=0.0, ge=0, description="CPU seconds the serving path outside "
                                            "the engines spends per streamed token (with host_cores)")
+    prefill_compute_scale: float = Field(default=1.0, gt=0, description="the engine's prefill passes in its serving "
+                                         "process (its response, KV export and watch threads beside it) take this "
+                                         "multiple of the profile's, timed alone")
 
 
 class MeasuredProfile(BaseModel):
@@ -119,18 +122,19 @@ class MeasuredPerfModel:
         return self._prefill(prefill_tokens + batch_size) + attention + self.serving.step_overhead_s
 
     def prefill_s(self, num_tokens: int, sum_sq_tokens: int = 0) -> float:
-        """The curve at `num_tokens`, plus the long prompts' extra: the batch is read as num_tokens / n prompts of
+        """The curve at `num_tokens`, plus the long prompts' extra, times the serving process's prefill scale: the batch is read as num_tokens / n prompts of
         n = sum_sq_tokens / num_tokens tokens each (exact for prompts of equal length; a batch of one long and
         a few short prompts is within ~15% on the reference engine, benchmarks in docs/simulator-fidelity.md).
         sum_sq_tokens 0 (not known): the curve alone."""
+        scale = self.serving.prefill_compute_scale
         base = self._prefill(num_tokens)
         extra = self._long_prompt_extra
         if extra is None or num_tokens <= 0 or sum_sq_tokens <= 0:
-            return base
+            return base * scale
         n = sum_sq_tokens / num_tokens
         if n <= self._prompt_tokens:
-            return base
-        return base + num_tokens / n * extra(n)
+            return base * scale
+        return (base + num_tokens / n * extra(n)) * scale
 
     def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
         forward = self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)

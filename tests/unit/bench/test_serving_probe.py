@@ -50,3 +50,22 @@ def test_the_fitted_step_costs_give_back_the_measured_tpots_with_the_sharing_cou
     # a fit that ignores the sharing puts the oversubscription into the per-sequence cost
     unshared = fit_step_costs(measured, lambda o: _tpots(o.model_copy(update={"host_cores": 64})), start, rounds=8)
     assert unshared.per_sequence_step_s > 1.5 * truth.per_sequence_step_s
+
+
+def test_the_prefill_scale_is_the_servers_prefill_compute_over_the_profiles_and_the_model_applies_it():
+    from trtpd.bench.serving_probe import fit_prefill_scale
+    from trtpd.perf.measured import DecodeGrid, MeasuredPerfModel, MeasuredProfile, PrefillCurve
+
+    # the server reported 120 ms of prefill compute for a prompt the profile puts at 100 ms
+    scale = fit_prefill_scale(0.120, 0.100)
+    assert scale == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="prefill curve"):
+        fit_prefill_scale(0.01, 0.0)
+    profile = MeasuredProfile(
+        model="m", decode=DecodeGrid(batch_sizes=[1], context_lens=[64], step_latency_s=[[0.002]]),
+        prefill=PrefillCurve(num_tokens=[64, 1024], latency_s=[0.01, 0.1], prompt_tokens=64,
+                             single_prompt_tokens=[1024], single_latency_s=[0.3]))
+    alone, served = MeasuredPerfModel(profile), MeasuredPerfModel(profile, ServingOverhead(prefill_compute_scale=scale))
+    for tokens, sum_sq in ((64, 64 * 64), (1024, 16 * 64 * 64), (1024, 1024 * 1024), (800, 0)):
+        assert served.prefill_s(tokens, sum_sq) == pytest.approx(scale * alone.prefill_s(tokens, sum_sq))
+    assert served.decode_step_s(1, 64) == alone.decode_step_s(1, 64)
