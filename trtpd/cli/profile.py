@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
                    help="hardware profile to write or update; when it does not exist, it starts from the installed "
                         "cpu-reference profile (default: %(default)s, in the current directory)")
-    p.add_argument("--repeats", type=a.positive_int, default=3, help="measurements per point (median)")
+    p.add_argument("--repeats", type=a.positive_int, default=3, help="measurements per point (their median), one in each pass over the whole grid")
     p.add_argument("--quick", action="store_true", help="a coarse grid (for a smoke test)")
     p.add_argument("--serving", action="store_true",
                    help="also measure the serving overhead (request path, per-step response pipeline, and the "
@@ -118,12 +118,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"profiling {pcfg.model} ({pcfg.kv_dtype.value} KV) on {this_host()}: "
           f"prefill from {prefill_dir}, decode from {decode_dir}", flush=True)
     measured = measure_profile(
-        lambda lens: profiling.measure_prefill_s(prefill_dir, lens, repeats=args.repeats),
-        lambda batch, ctx: profiling.measure_decode_step_s(decode_dir, batch, ctx, repeats=args.repeats),
+        lambda lens: profiling.measure_prefill_s(prefill_dir, lens, repeats=1),
+        lambda batch, ctx: profiling.measure_decode_step_s(decode_dir, batch, ctx, repeats=1),
         grid, limits, model=pcfg.model, kv_dtype=pcfg.kv_dtype.value, tp=pcfg.tp_size, backend=args.backend,
         measured_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         host=this_host(),
-        progress=lambda line: print(f"  {line}", flush=True))
+        progress=lambda line: print(f"  {line}", flush=True), passes=args.repeats)
     hardware = load_hardware(str(args.output)) if args.output.is_file() else load_hardware("cpu-reference")
     hardware = hardware.model_copy(update={"measured": with_measured(hardware.measured, measured)})
     if args.serving:

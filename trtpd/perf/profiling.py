@@ -11,6 +11,7 @@ max_seq_len or KV pool) are left out, keeping the grid rectangular.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from typing import Callable
 
@@ -78,21 +79,36 @@ def feasible_grid(grid: ProfileGrid, limits: EngineLimits) -> tuple[list[int], l
 
 def measure_profile(measure_prefill_s: MeasurePrefill, measure_decode_step_s: MeasureDecode, grid: ProfileGrid,
                     limits: EngineLimits, model: str, kv_dtype: str, tp: int = 1, backend: str = "reference",
-                    measured_at: str = "", host: str = "", progress: Progress = lambda _: None) -> MeasuredProfile:
+                    measured_at: str = "", host: str = "", progress: Progress = lambda _: None,
+                    passes: int = 1) -> MeasuredProfile:
+    """Each point is the median of `passes` measurements taken in passes over the whole grid, not back to back: a
+    slow spell of the machine (a shared VM's speed moved by 1.8x for tens of seconds in this project's runs) then
+    reaches one measurement of a point, not all of them, and not a run of neighbouring points."""
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
     tokens, batches, contexts = feasible_grid(grid, limits)
-    latencies = []
-    for t in tokens:
-        latencies.append(measure_prefill_s(batch_prompt_lens(t, grid.max_prompt_tokens)))
-        progress(f"prefill {t:>5} tokens: {latencies[-1] * 1e3:8.1f} ms")
     singles = single_prompts(grid, limits)
-    single_latencies = []
-    for n in singles:
-        single_latencies.append(measure_prefill_s([n]))
-        progress(f"prefill one prompt of {n:>5} tokens: {single_latencies[-1] * 1e3:8.1f} ms")
-    steps = []
-    for b in batches:
-        row = [measure_decode_step_s(b, c) for c in contexts]
-        steps.append(row)
+    prefill_runs: list[list[float]] = [[] for _ in tokens]
+    single_runs: list[list[float]] = [[] for _ in singles]
+    decode_runs: list[list[list[float]]] = [[[] for _ in contexts] for _ in batches]
+    for k in range(passes):
+        if passes > 1:
+            progress(f"pass {k + 1}/{passes}")
+        for runs, t in zip(prefill_runs, tokens):
+            runs.append(measure_prefill_s(batch_prompt_lens(t, grid.max_prompt_tokens)))
+        for runs, n in zip(single_runs, singles):
+            runs.append(measure_prefill_s([n]))
+        for row, b in zip(decode_runs, batches):
+            for runs, c in zip(row, contexts):
+                runs.append(measure_decode_step_s(b, c))
+    latencies = [statistics.median(r) for r in prefill_runs]
+    single_latencies = [statistics.median(r) for r in single_runs]
+    steps = [[statistics.median(r) for r in row] for row in decode_runs]
+    for t, latency in zip(tokens, latencies):
+        progress(f"prefill {t:>5} tokens: {latency * 1e3:8.1f} ms")
+    for n, latency in zip(singles, single_latencies):
+        progress(f"prefill one prompt of {n:>5} tokens: {latency * 1e3:8.1f} ms")
+    for b, row in zip(batches, steps):
         progress(f"decode batch {b:>3}: " + ", ".join(f"ctx {c} {s * 1e3:.1f} ms" for c, s in zip(contexts, row)))
     return MeasuredProfile(model=model, tp=tp, kv_dtype=kv_dtype, backend=backend, measured_at=measured_at, host=host,
                            kv_capacity_tokens=limits.decode_kv_capacity_tokens,

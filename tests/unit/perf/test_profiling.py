@@ -132,3 +132,31 @@ def test_a_profile_without_single_prompts_reads_the_curve_as_before():
     with pytest.raises(ValueError, match="longer than prompt_tokens"):
         PrefillCurve(num_tokens=[64], latency_s=[0.01], prompt_tokens=64, single_prompt_tokens=[64],
                      single_latency_s=[0.1])
+
+
+def test_a_slow_spell_reaches_one_pass_not_the_profile():
+    """Points are measured in passes over the whole grid and each is the median of its passes: a spell during
+    which the machine runs at half speed (here the whole second pass) leaves the profile as it is. Measured back to
+    back (one pass), the same spell doubles every point it covers."""
+    grid = ProfileGrid.quick()
+    calls = {"n": 0}
+    points = len(grid.prefill_num_tokens) + 2 + len(grid.decode_batch_sizes) * len(grid.decode_context_lens)
+
+    def slow_in_second_pass(f):
+        def measure(*args):
+            calls["n"] += 1
+            spell = points < calls["n"] <= 2 * points
+            return f(*args) * (2.0 if spell else 1.0)
+        return measure
+
+    limits = EngineLimits(**{**LONG_LIMITS.__dict__, "prefill_max_input_len": 1024})
+    steady = measure_profile(attention_prefill_s, fake_decode_s, grid, limits, "m", "fp16")
+    assert len(steady.prefill.single_prompt_tokens) == 2
+    spelled = measure_profile(slow_in_second_pass(attention_prefill_s), slow_in_second_pass(fake_decode_s), grid,
+                              limits, "m", "fp16", passes=3)
+    assert calls["n"] == 3 * points
+    assert spelled.prefill == steady.prefill and spelled.decode == steady.decode
+    calls["n"] = points      # the next calls are the spell's
+    back_to_back = measure_profile(slow_in_second_pass(attention_prefill_s), slow_in_second_pass(fake_decode_s),
+                                   grid, limits, "m", "fp16")
+    assert back_to_back.prefill.latency_s == pytest.approx([2 * v for v in steady.prefill.latency_s])
