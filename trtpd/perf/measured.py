@@ -57,7 +57,9 @@ class ServingOverhead(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     response_latency_s: float = Field(default=0.0, ge=0, description="added to every response (request path)")
-    step_overhead_s: float = Field(default=0.0, ge=0, description="added to every decode step")
+    step_overhead_s: float = Field(default=0.0, description="added to every decode step; negative when the step in "
+                                   "the server is shorter than the profile's at batch 1 (the fit through batches 1 "
+                                   "and 8 then has a negative intercept, trtpd/bench/serving_probe.fit_step_costs)")
     per_sequence_step_s: float = Field(default=0.0, ge=0, description="added to a decode step per sequence in it")
     host_cores: int = Field(default=0, ge=0, description="the cores the deployment's processes shared when "
                             "measured (engines, Triton, the serving path, the client); 0: each instance computes on "
@@ -82,6 +84,9 @@ class MeasuredProfile(BaseModel):
     decode: DecodeGrid
     serving: dict[str, ServingOverhead] = Field(default_factory=dict,
                                                 description="by deployment mode: disaggregated, colocated")
+
+
+MIN_STEP_FRACTION = 0.5   # a decode step with the serving costs is never shorter than half the profile's
 
 
 class MeasuredPerfModel:
@@ -138,4 +143,5 @@ class MeasuredPerfModel:
 
     def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
         forward = self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)
-        return forward + self.serving.step_overhead_s + batch_size * self.serving.per_sequence_step_s
+        step = forward + self.serving.step_overhead_s + batch_size * self.serving.per_sequence_step_s
+        return step if step > MIN_STEP_FRACTION * forward else MIN_STEP_FRACTION * forward
