@@ -33,8 +33,15 @@ def plan_text(plan: Plan) -> str:
         lines.append(f"  KV transfer over {kv.link}: {kv.mean_bytes_per_request / 1e6:.1f} MB per request, "
                      f"{_ms(kv.mean_transfer_s)}; {kv.required_bandwidth_bytes_per_s / 1e9:.2f} GB/s needed per "
                      f"decode link of {kv.link_bandwidth_bytes_per_s / 1e9:.0f} GB/s ({kv.link_utilization:.1%})")
-        lines.append(f"  sustains up to {plan.max_rate_per_s:.3g} requests/s: goodput "
-                     f"{plan.goodput_per_gpu_per_s:.3g} requests/s per GPU")
+        v = plan.verification
+        if v is not None and not v.passed and plan.max_rate_per_s <= 0:
+            # the analytic model calibrated at an overloaded point (its queue grows without bound) finds no rate
+            lines.append(f"  sustains: no rate confirmed (the simulator's check at {v.rate_per_s:.3g} requests/s "
+                         f"failed: {v.slo_attainment:.1%} of requests met the SLOs, {plan.slo.attainment:.0%} "
+                         f"needed)")
+        else:
+            lines.append(f"  sustains up to {plan.max_rate_per_s:.3g} requests/s: goodput "
+                         f"{plan.goodput_per_gpu_per_s:.3g} requests/s per GPU")
         if plan.expected:
             e = plan.expected
             pct = plan.slo.percentile

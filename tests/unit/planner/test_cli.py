@@ -54,3 +54,24 @@ def test_a_cpu_profile_is_planned_and_simulated_in_its_own_dtype_and_names_its_c
     assert "attainment" in capsys.readouterr().out
     assert main(["plan", "--model", "tiny-llama", "--hardware", "cpu-reference", "--max-gpus", "2", "--no-verify",
                  "--weight-dtype", "fp8"]) == 3   # asked for by name: still refused
+
+
+def test_a_plan_whose_simulation_failed_does_not_claim_to_sustain_0_requests_per_s(tmp_path, capsys):
+    """The planner calibrates its analytic model to the simulation at the target; where the simulation failed with
+    a queue that grows without bound, the calibrated model finds no rate at all, and the report said "sustains up
+    to 0 requests/s: goodput 0" above a comparison that simulated the same configuration at 2.7 requests/s."""
+    from trtpd.planner.report import plan_text
+    from trtpd.schema.plan import Verification, load_plan
+
+    out = tmp_path / "plan.yaml"
+    assert main(["plan", "--model", "tiny-llama", "--hardware", "cpu-reference", "--max-gpus", "2", "--no-verify",
+                 "--kv-dtype", "fp16", "--output", str(out)]) == 0
+    capsys.readouterr()
+    plan = load_plan(out)
+    assert plan.max_rate_per_s > 0 and "sustains up to" in plan_text(plan)
+    failed = Verification(num_requests=100, rate_per_s=2.95, ttft_s={"p50": 1.2, "p90": 10.0, "p99": 15.8},
+                          tpot_s={"p50": 0.039, "p90": 0.044, "p99": 0.048}, slo_attainment=0.402, passed=False,
+                          ttft_breakdown_s={}, simulations=[])
+    text = plan_text(plan.model_copy(update={"verification": failed, "max_rate_per_s": 0.0}))
+    assert "sustains up to" not in text
+    assert "no rate confirmed (the simulator's check at 2.95 requests/s failed: 40.2% of requests met" in text
