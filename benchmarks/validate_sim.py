@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from trtpd.bench.run import bench_url, make_requests
+from trtpd.bench.serving_probe import warm_every_instance
 from trtpd.catalog import get_model
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.engine.reference_engines import build_reference
@@ -130,13 +131,11 @@ def main() -> int:
             try:
                 first = requests[(workload, rates[0])][0]
                 bench_url(dep.server.grpc_url, [replace(first, request_id="warmup", send_at_s=0.0)], "warmup")
-                # an engine's first pass over a prompt longer than any it has run is slower (231 ms for 512 tokens,
-                # then 97-133 ms, on a colocated instance): every instance runs the workload's longest prompt once
-                # (Triton hands the colocated instance group's requests to its instances in turn)
-                longest = max((r for rate in rates for r in requests[(workload, rate)]), key=lambda r: r.num_prompt_tokens)
-                for i in range(COLOCATED_INSTANCES if mode == "colocated" else 1):
-                    bench_url(dep.server.grpc_url, [replace(longest, request_id=f"warmup-long-{i}", send_at_s=0.0,
-                                                            max_tokens=2)], "warmup")
+                # every instance runs the workload's longest prompt once (its first pass over it is ~2x slower)
+                longest = max((r for rate in rates for r in requests[(workload, rate)]),
+                              key=lambda r: r.num_prompt_tokens)
+                warm_every_instance(dep.server.grpc_url, longest.prompt,
+                                    COLOCATED_INSTANCES if mode == "colocated" else 1, max_tokens=2)
                 for rate in rates:
                     results = bench_url(dep.server.grpc_url, requests[(workload, rate)], f"{mode} {rate:g}/s")
                     errors = [r.error for r in results if r.error]

@@ -70,6 +70,17 @@ def _real_prefill_compute(url: str, prompt: str, rounds: int) -> float:
     return statistics.median(compute)
 
 
+def warm_every_instance(url: str, prompt: str, num_instances: int, max_tokens: int = 1) -> None:
+    """An engine's first pass over a prompt longer than any it has run is slower (measured on a colocated
+    instance: 231 ms for 512 tokens, then 97-133 ms): `prompt` runs once on each of the entry role's
+    `num_instances` before anything is timed. Triton hands an instance group's requests to its instances in turn
+    (tests/e2e/test_instance_dispatch.py), so one request each reaches them all."""
+    for i in range(num_instances):
+        (res,) = run_stream(url, [BenchRequest(f"warmup-long-{i}", prompt, max_tokens, 0.0)])
+        if res.error:
+            raise RuntimeError(f"warm-up request failed: {res.error}")
+
+
 def _simulated(cluster, batch: int) -> tuple[float, float]:
     arrays = RequestArrays([0.0] * batch, [PROMPT_TOKENS] * batch, [OUTPUT_TOKENS] * batch)
     lat = latencies(simulate(cluster, arrays), warmup_fraction=0.0)
@@ -129,12 +140,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the step costs)
         run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
         real1 = _real(dep.server.grpc_url, prompts[:1], rounds)
-        # An engine's first pass over a prompt longer than any it has run is slower (measured on a colocated
-        # instance: 231 ms for 512 tokens, then 97-133 ms): each instance runs the long prompt once before it is
-        # timed (Triton hands the instance group's requests to its instances in turn).
         long_prompt = prompt_with_tokens(tokenizer, LONG_PROMPT_TOKENS, seed=99)
-        for i in range(colocated_instances if mode == "colocated" else 1):
-            run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-long-{i}", long_prompt, 1, 0.0)])
+        warm_every_instance(dep.server.grpc_url, long_prompt, colocated_instances if mode == "colocated" else 1)
         real_prefill_s = _real_prefill_compute(dep.server.grpc_url, long_prompt, LONG_PROMPT_ROUNDS)
         serving_cpu = _serving_cpu(dep)
         cpu_before_s = serving_cpu()
@@ -163,7 +170,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     overhead = overhead.model_copy(update={"response_latency_s": max(0.0, real1[0] - sim1[0])})
     progress(f"serving ({mode}): TTFT real {real1[0] * 1e3:.1f} vs simulated {sim1[0] * 1e3:.1f} ms; TPOT at 1/{BIG_BATCH} "
              f"real {real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs engine {engine1[1] * 1e3:.2f}/{engine8[1] * 1e3:.2f} ms -> "
-             f"response +{overhead.response_latency_s * 1e3:.1f} ms, step +{overhead.step_overhead_s * 1e3:.2f} ms "
+             f"response +{overhead.response_latency_s * 1e3:.1f} ms, step {overhead.step_overhead_s * 1e3:+.2f} ms "
              f"+ {overhead.per_sequence_step_s * 1e3:.2f} ms per sequence; the serving path's CPU "
              f"{cpu_per_token_s * 1e3:.2f} ms per token on {overhead.host_cores} shared cores; one prompt of "
              f"{LONG_PROMPT_TOKENS} tokens: prefill {real_prefill_s * 1e3:.1f} ms in the server, {profiled_s * 1e3:.1f} "

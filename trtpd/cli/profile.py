@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
                    help="hardware profile to write or update; when it does not exist, it starts from the installed "
                         "cpu-reference profile (default: %(default)s, in the current directory)")
-    p.add_argument("--repeats", type=a.positive_int, default=3, help="measurements per point (their median), one in each pass over the whole grid")
+    p.add_argument("--repeats", type=a.positive_int, default=3,
+                   help="measurements per point (their median), one in each pass over the whole grid")
     p.add_argument("--quick", action="store_true", help="a coarse grid (for a smoke test)")
     p.add_argument("--serving", action="store_true",
                    help="also measure the serving overhead (request path, per-step response pipeline, and the "

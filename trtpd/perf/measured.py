@@ -127,21 +127,17 @@ class MeasuredPerfModel:
         return self._prefill(prefill_tokens + batch_size) + attention + self.serving.step_overhead_s
 
     def prefill_s(self, num_tokens: int, sum_sq_tokens: int = 0) -> float:
-        """The curve at `num_tokens`, plus the long prompts' extra, times the serving process's prefill scale: the batch is read as num_tokens / n prompts of
-        n = sum_sq_tokens / num_tokens tokens each (exact for prompts of equal length; a batch of one long and
-        a few short prompts is within ~15% on the reference engine, benchmarks in docs/simulator-fidelity.md).
+        """The curve at `num_tokens`, plus the long prompts' extra, times the serving process's prefill scale. The
+        batch is read as num_tokens / n prompts of n = sum_sq_tokens / num_tokens tokens each (exact for prompts of
+        equal length; mixed batches within 17% on the reference engine, docs/simulator-fidelity.md).
         sum_sq_tokens 0 (not known): the curve alone."""
-        scale = self.serving.prefill_compute_scale
-        base = self._prefill(num_tokens)
-        extra = self._long_prompt_extra
-        if extra is None or num_tokens <= 0 or sum_sq_tokens <= 0:
-            return base * scale
-        n = sum_sq_tokens / num_tokens
-        if n <= self._prompt_tokens:
-            return base * scale
-        return (base + num_tokens / n * extra(n)) * scale
+        latency = self._prefill(num_tokens)
+        n = sum_sq_tokens / num_tokens if num_tokens > 0 else 0.0
+        if self._long_prompt_extra is not None and n > self._prompt_tokens:
+            latency += num_tokens / n * self._long_prompt_extra(n)
+        return latency * self.serving.prefill_compute_scale
 
     def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
         forward = self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)
         step = forward + self.serving.step_overhead_s + batch_size * self.serving.per_sequence_step_s
-        return step if step > MIN_STEP_FRACTION * forward else MIN_STEP_FRACTION * forward
+        return max(step, MIN_STEP_FRACTION * forward)
