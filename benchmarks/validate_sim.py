@@ -25,21 +25,27 @@ Run: .venv/bin/python benchmarks/validate_sim.py [--workloads cpu-demo,...] [--r
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+import step_account   # benchmarks/step_account.py, beside this script
+
 from trtpd.bench.run import bench_url, make_requests
 from trtpd.bench.serving_probe import warm_every_instance
 from trtpd.catalog import get_model
+from trtpd.engine import step_trace
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.engine.reference_engines import build_reference
 from trtpd.fleet import deployment
 from trtpd.perf.hardware import curves_origin, load_hardware
+from trtpd.perf.measured import MeasuredPerfModel
 from trtpd.repo.reference import ReferenceDeployment
 from trtpd.sim.cluster_specs import ClusterOptions, options_from_engines
 from trtpd.sim.fidelity import (MODES, FidelityRecord, RecordedCell, cell_rows, mape, mirrored_clusters,
@@ -97,6 +103,9 @@ def main() -> int:
     ap.add_argument("--kv-link-bytes-per-s", type=float, default=10e9, help="shm transfer bandwidth")
     ap.add_argument("--account", action="store_true", help="also print each cell's mean TTFT term by term")
     ap.add_argument("--record", type=Path, help="write the run here (a FidelityRecord, JSON)")
+    ap.add_argument("--step-trace", type=Path, help="the engines trace their steps into this folder "
+                    "(trtpd/engine/step_trace.py); each cell's passes are then held against the perf model "
+                    "(benchmarks/step_account.py)")
     args = ap.parse_args()
     workloads = [w for w in args.workloads.split(",") if w]
     rates = [float(r) for r in args.rates.split(",") if r]
@@ -123,6 +132,9 @@ def main() -> int:
     arrays = {c: generate_requests(load_workload(c[0]), c[1], args.num_requests, args.seed) for c in cells}
     real: dict[tuple, Latencies] = {}
     real_terms: dict[tuple, dict[str, float]] = {}
+    windows: dict[tuple, tuple[float, float]] = {}   # each cell's span of time.monotonic(), for --step-trace
+    if args.step_trace:
+        os.environ[step_trace.ENV] = str(args.step_trace.resolve())   # the server and its stubs inherit it
     for workload in workloads:
         for mode in MODES:
             dep = deployment.up(f"validate-{mode}", ReferenceDeployment(root, mode=mode,
@@ -137,7 +149,9 @@ def main() -> int:
                 warm_every_instance(dep.server.grpc_url, longest.prompt,
                                     COLOCATED_INSTANCES if mode == "colocated" else 1, max_tokens=2)
                 for rate in rates:
+                    started = time.monotonic()
                     results = bench_url(dep.server.grpc_url, requests[(workload, rate)], f"{mode} {rate:g}/s")
+                    windows[(workload, rate, mode)] = (started, time.monotonic())
                     errors = [r.error for r in results if r.error]
                     if errors:
                         print(f"{workload} {mode} {rate:g}/s: {len(errors)} errors, e.g. {errors[0]}")
@@ -184,7 +198,25 @@ def main() -> int:
         print(f"recorded into {args.record}")
     if args.account:
         print_account(real_terms, sim_terms)
+    if args.step_trace:
+        print_step_account(args.step_trace, windows, hardware)
     return 0
+
+
+def print_step_account(folder: Path, windows: dict, hardware) -> None:
+    measured = hardware.find_measured("tiny-llama", 1, "fp16")
+    traces = step_trace.read_trace(folder)
+    print("\neach cell's engine passes against the perf model (benchmarks/step_account.py): pass = measured in "
+          "LlamaModel.forward, curve = the profile alone, charged = what the simulator charges that shape")
+    print(step_account.HEADER)
+    for (workload, rate, mode), (t0, t1) in windows.items():
+        curves = MeasuredPerfModel(measured, None)
+        charged = MeasuredPerfModel(measured, measured.serving.get(mode))
+        for name, records in traces.items():
+            others = [step_account.intervals(r) for n, r in traces.items() if n != name]
+            acc = step_account.account(records, t0, t1, curves, charged, others)
+            if acc["passes"]:
+                step_account.print_account(f"{workload} {rate:g}/s {mode}", name, acc)
 
 
 def _real_lists(obs: Latencies) -> tuple[list, list, list]:

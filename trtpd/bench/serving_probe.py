@@ -1,13 +1,18 @@
 """Measure what serving adds to the engine's forward passes, through the real tritonserver.
 
-A small probe: batches of 1 and 8 identical-length requests sent at once, streamed over gRPC; the
-same scenario is simulated with the measured forward-pass curves alone, and the gaps give the serving
-overhead: a response latency (request path: pre/post-processing, orchestrator, hops), and a
-decode-step cost per step and per sequence (the response pipeline's work in the engine's own process).
-While the batch of 8 runs, the CPU the rest of the deployment and the client spend (every process of the
-server's group but the engines' stubs, and this process, which is the client then) is read from /proc: per
-streamed token, it is the serving path's share of the host's cores, which the simulator's shared cores take from
-the engines when the host is oversubscribed (`host_cores`, `serving_cpu_per_token_s`; trtpd/sim/shared_cores.py).
+A small probe, one engine instance per role: requests of one length sent at once in batches of 1, 2, 4 and 8,
+streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trace.py). The serving overhead:
+- the decode step's costs (step_overhead_s + per_sequence_step_s x batch): each real decode step's period beyond
+  the profile's forward pass at that batch and context, a line against the batch (the response pipeline's work in
+  the engine's own process: handing each sequence's token on slows the pass, ~0.8 ms per sequence here),
+- the prefill scale: the prefill compute the engine reports for one long prompt alone, over the profile's,
+- a response latency (request path: pre/post-processing, orchestrator, hops): the real TTFT at batch 1 beyond
+  the simulated one,
+- the serving path's CPU: while the batch of 8 runs, the CPU the rest of the deployment and the client spend
+  (every process of the server's group but the engines' stubs, and this process, which is the client then) is
+  read from /proc; per streamed token, it is the serving path's share of the host's cores, which the simulator's
+  shared cores take from the engines when the host is oversubscribed (`host_cores`, `serving_cpu_per_token_s`;
+  trtpd/sim/shared_cores.py).
 The validation workload (`benchmarks/validate_sim.py`) is a different, loaded scenario.
 """
 
@@ -15,15 +20,19 @@ from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from trtpd.bench.client import BenchRequest, run_stream
 from trtpd.bench.proc_cpu import cpu_s, group_pids
 from trtpd.bench.prompts import prompt_with_tokens
 from trtpd.catalog import get_model
+from trtpd.engine import step_trace
 from trtpd.engine.checkpoint import load_checkpoint
 from trtpd.perf.hardware import HardwareProfile
 from trtpd.perf.measured import ServingOverhead
@@ -40,7 +49,8 @@ PROMPT_TOKENS, OUTPUT_TOKENS, BIG_BATCH = 100, 64, 8
 LONG_PROMPT_TOKENS = 512   # the prefill scale's scenario: one such prompt at a time (~0.1 s of one engine's compute)
 LONG_PROMPT_ROUNDS = 5     # its median
 ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stubs run the engines (repo/reference.py)
-CALIBRATION_ROUNDS = 4
+MIN_PERIODS = 10        # decode steps at one batch size for its point on the step costs' line
+STEP_BATCHES = (2, 4)   # with 1 and BIG_BATCH: the decode step's serving costs are a line through these
 
 
 def _real(url: str, prompts: list[str], rounds: int) -> tuple[float, float]:
@@ -84,24 +94,30 @@ def warm_every_instance(url: str, prompt: str, num_instances: int, max_tokens: i
 def _simulated(cluster, batch: int) -> tuple[float, float]:
     arrays = RequestArrays([0.0] * batch, [PROMPT_TOKENS] * batch, [OUTPUT_TOKENS] * batch)
     lat = latencies(simulate(cluster, arrays), warmup_fraction=0.0)
-    return statistics.median(lat.ttft_s), statistics.median(lat.tpot_s)
+    return float(statistics.median(lat.ttft_s)), float(statistics.median(lat.tpot_s))
 
 
-def fit_step_costs(real_tpot_s: tuple[float, float], simulated_tpot_s: Callable[[ServingOverhead], tuple],
-                   overhead: ServingOverhead, rounds: int = CALIBRATION_ROUNDS) -> ServingOverhead:
-    """The step costs (step_overhead_s, per_sequence_step_s) that make the simulated TPOTs at batch 1 and at
-    BIG_BATCH those measured, with everything else in `overhead` (the shared cores) as it is: the gaps left are
-    put into the two costs, round after round (the sharing they cause moves with them)."""
-    for _ in range(rounds):
-        sim1, sim8 = simulated_tpot_s(overhead)
-        gap1, gap8 = real_tpot_s[0] - sim1, real_tpot_s[1] - sim8
-        per_sequence = max(0.0, overhead.per_sequence_step_s + (gap8 - gap1) / (BIG_BATCH - 1))
-        # the intercept may be negative: the server's step at batch 1 shorter than the profile's (measured here:
-        # 3.63 ms against 3.77); held at 0 it made the per-sequence cost carry batch 8's gap alone and put every
-        # small batch's step 20-25% long
-        step = max(-0.5 * sim1, overhead.step_overhead_s + gap1 - (per_sequence - overhead.per_sequence_step_s))
-        overhead = overhead.model_copy(update={"step_overhead_s": step, "per_sequence_step_s": per_sequence})
-    return overhead
+def fit_step_costs(periods: list[tuple[int, int, float]], curves) -> tuple[float, float]:
+    """(step_overhead_s, per_sequence_step_s): a line against the batch through what the real decode steps'
+    periods (trtpd.engine.step_trace.decode_periods: batch, context tokens, seconds) have beyond the profile's
+    forward pass at that batch and context (`curves`: the measured perf model without serving costs). Each batch
+    size seen in at least MIN_PERIODS steps gives one point, its median (a step that also admitted a request, or
+    met a hiccup of the host, is not a decode step's cost), weighted by its count.
+    Measured in the server's engine, step by step, where the previous probe fitted client TPOTs through the
+    simulator: that fit read batches the serving path forms one request at a time as whole, and gave
+    -0.76 ms + 0.76 ms per sequence where the steps show +0.3 ms + 0.8 ms (docs/simulator-fidelity.md)."""
+    by_batch: dict[int, list[float]] = {}
+    for batch, context, period in periods:
+        by_batch.setdefault(batch, []).append(period - curves.decode_step_s(batch, context))
+    points = {b: (float(np.median(x)), len(x)) for b, x in by_batch.items() if len(x) >= MIN_PERIODS}
+    if len(points) < 2:
+        raise ValueError(f"serving probe: {len(points)} batch size(s) with {MIN_PERIODS} or more decode steps in "
+                         f"the trace ({', '.join(f'{b}: {len(x)}' for b, x in sorted(by_batch.items())) or 'none'}); "
+                         f"the per-sequence cost needs two or more")
+    batches = sorted(points)
+    per_sequence, step = np.polyfit(batches, [points[b][0] for b in batches], 1,
+                                    w=[np.sqrt(points[b][1]) for b in batches])
+    return float(step), float(max(0.0, per_sequence))
 
 
 def fit_prefill_scale(real_compute_s: float, profiled_s: float) -> float:
@@ -129,50 +145,58 @@ def _serving_cpu(dep: deployment.Deployment) -> Callable[[], float]:
     return lambda: cpu_s(others) + time.process_time()
 
 
-def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, colocated_instances: int = 2,
+def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, colocated_instances: int = 1,
                              rounds: int = 3, progress: Callable[[str], None] = lambda _: None) -> ServingOverhead:
-    """`hardware` must carry the engine's measured curves (without serving overhead for this mode)."""
+    """`hardware` must carry the engine's measured curves (without serving overhead for this mode). One instance
+    per role by default: the step costs are the engine process's own, measured where no second engine competes
+    for the cores (the sharing is the simulator's shared cores, from the serving path's CPU measured here too)."""
     tokenizer = load_checkpoint(build_root / "checkpoint").load_tokenizer()
     prompts = [prompt_with_tokens(tokenizer, PROMPT_TOKENS, seed=i) for i in range(BIG_BATCH)]
-    dep = deployment.up(f"probe-{mode}", ReferenceDeployment(build_root, mode=mode,
-                                                             colocated_instances=colocated_instances), replace=True)
-    try:
-        # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the step costs)
-        run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
-        real1 = _real(dep.server.grpc_url, prompts[:1], rounds)
-        long_prompt = prompt_with_tokens(tokenizer, LONG_PROMPT_TOKENS, seed=99)
-        warm_every_instance(dep.server.grpc_url, long_prompt, colocated_instances if mode == "colocated" else 1)
-        real_prefill_s = _real_prefill_compute(dep.server.grpc_url, long_prompt, LONG_PROMPT_ROUNDS)
-        serving_cpu = _serving_cpu(dep)
-        cpu_before_s = serving_cpu()
-        real8 = _real(dep.server.grpc_url, prompts, rounds)
-        cpu_per_token_s = (serving_cpu() - cpu_before_s) / (BIG_BATCH * OUTPUT_TOKENS * rounds)
-    finally:
-        deployment.down(dep.name)
+    with tempfile.TemporaryDirectory(prefix="trtpd-steps-") as trace_dir, step_trace.tracing(Path(trace_dir)):
+        dep = deployment.up(f"probe-{mode}", ReferenceDeployment(build_root, mode=mode,
+                                                                 colocated_instances=colocated_instances),
+                            replace=True)
+        try:
+            # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the costs)
+            run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
+            real1 = _real(dep.server.grpc_url, prompts[:1], rounds)
+            long_prompt = prompt_with_tokens(tokenizer, LONG_PROMPT_TOKENS, seed=99)
+            warm_every_instance(dep.server.grpc_url, long_prompt, colocated_instances if mode == "colocated" else 1)
+            real_prefill_s = _real_prefill_compute(dep.server.grpc_url, long_prompt, LONG_PROMPT_ROUNDS)
+            for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
+                _real(dep.server.grpc_url, prompts[:batch], 1)
+            serving_cpu = _serving_cpu(dep)
+            cpu_before_s = serving_cpu()
+            real8 = _real(dep.server.grpc_url, prompts, rounds)
+            cpu_per_token_s = (serving_cpu() - cpu_before_s) / (BIG_BATCH * OUTPUT_TOKENS * rounds)
+        finally:
+            deployment.down(dep.name)
+        periods = [p for records in step_trace.read_trace(Path(trace_dir)).values()
+                   for p in step_trace.decode_periods(records)]
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
     opts = options_from_engines(build_root, ClusterOptions(num_colocated=colocated_instances, first_token_at="decode"))
+    curves = instance_perf(model, hardware, 1, opts.weight_dtype, opts.kv_dtype).perf   # the curves alone
+    step_s, per_sequence_s = fit_step_costs(periods, curves)
+    profiled_s = curves.prefill_s(LONG_PROMPT_TOKENS, LONG_PROMPT_TOKENS ** 2)
+    overhead = ServingOverhead(host_cores=len(os.sched_getaffinity(0)), serving_cpu_per_token_s=cpu_per_token_s,
+                               step_overhead_s=step_s, per_sequence_step_s=per_sequence_s,
+                               prefill_compute_scale=fit_prefill_scale(real_prefill_s, profiled_s))
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
-    # The step costs are what the real TPOTs have beyond the simulated ones, the serving path's share of the cores
-    # included: at batch 8 the host may be oversubscribed, and the simulator's shared cores slow the steps by that
-    # already (counting it in per_sequence_step_s too would count it twice). Their effect on the sharing makes the
-    # fit a fixed point: a few rounds of correcting both costs by the gaps left.
-    def simulated(overhead: ServingOverhead) -> tuple[tuple[float, float], tuple[float, float]]:
-        cluster = replace(make(model, _with_serving(hardware, mode, overhead), opts), response_latency_s=0.0)
-        return _simulated(cluster, 1), _simulated(cluster, BIG_BATCH)
 
-    start = ServingOverhead(host_cores=len(os.sched_getaffinity(0)), serving_cpu_per_token_s=cpu_per_token_s)
-    engine1, engine8 = simulated(start)        # the engine alone: no step costs yet
-    profiled_s = instance_perf(model, hardware, 1, opts.weight_dtype, opts.kv_dtype).perf.prefill_s(   # the curves alone
-        LONG_PROMPT_TOKENS, LONG_PROMPT_TOKENS ** 2)
-    start = start.model_copy(update={"prefill_compute_scale": fit_prefill_scale(real_prefill_s, profiled_s)})
-    overhead = fit_step_costs((real1[1], real8[1]), lambda o: tuple(s[1] for s in simulated(o)), start)
-    sim1 = simulated(overhead)[0]
+    def simulated(batch: int) -> tuple[float, float]:
+        hw = _with_serving(hardware, mode, overhead)
+        return _simulated(replace(make(model, hw, opts), response_latency_s=0.0), batch)
+
+    sim1 = simulated(1)
     overhead = overhead.model_copy(update={"response_latency_s": max(0.0, real1[0] - sim1[0])})
-    progress(f"serving ({mode}): TTFT real {real1[0] * 1e3:.1f} vs simulated {sim1[0] * 1e3:.1f} ms; TPOT at 1/{BIG_BATCH} "
-             f"real {real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs engine {engine1[1] * 1e3:.2f}/{engine8[1] * 1e3:.2f} ms -> "
-             f"response +{overhead.response_latency_s * 1e3:.1f} ms, step {overhead.step_overhead_s * 1e3:+.2f} ms "
-             f"+ {overhead.per_sequence_step_s * 1e3:.2f} ms per sequence; the serving path's CPU "
-             f"{cpu_per_token_s * 1e3:.2f} ms per token on {overhead.host_cores} shared cores; one prompt of "
-             f"{LONG_PROMPT_TOKENS} tokens: prefill {real_prefill_s * 1e3:.1f} ms in the server, {profiled_s * 1e3:.1f} "
-             f"profiled -> x{overhead.prefill_compute_scale:.2f}")
+    sim8 = simulated(BIG_BATCH)
+    progress(f"serving ({mode}): decode steps in the server {step_s * 1e3:+.2f} ms + {per_sequence_s * 1e3:.2f} ms per "
+             f"sequence beyond the profile's pass ({len(periods)} steps at batches "
+             f"{', '.join(map(str, sorted({p[0] for p in periods})))}), so TPOT at 1/{BIG_BATCH} real "
+             f"{real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs simulated {sim1[1] * 1e3:.2f}/{sim8[1] * 1e3:.2f} ms; "
+             f"TTFT real {real1[0] * 1e3:.1f} vs simulated {sim1[0] * 1e3:.1f} ms -> response "
+             f"+{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU {cpu_per_token_s * 1e3:.2f} ms per "
+             f"token on {overhead.host_cores} shared cores; one prompt of {LONG_PROMPT_TOKENS} tokens: prefill "
+             f"{real_prefill_s * 1e3:.1f} ms in the server, {profiled_s * 1e3:.1f} profiled -> "
+             f"x{overhead.prefill_compute_scale:.2f}")
     return overhead

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from trtpd.engine.protocol import Engine, EngineHooks
 from trtpd.engine.request import EngineOutput, EngineRequest, RequestError
+from trtpd.engine.step_trace import trace_for
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class EngineLoop:
         self._live: set[str] = set()   # submitted, no finished output yet (engine thread only)
         self.num_steps = 0
         self.busy_s = 0.0
+        self.trace = trace_for(name)   # None unless TRTPD_STEP_TRACE_DIR is set
+        if self.trace is not None and getattr(engine, "model", None) is not None:
+            engine.model.trace = self.trace
         engine.bind(EngineHooks(wakeup=self.wakeup, emit=self._emit))
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -117,12 +121,17 @@ class EngineLoop:
             failed = False
             try:
                 self._emit(self._drain())
-                started = time.perf_counter()
+                started, started_t_s = time.perf_counter(), time.monotonic()
                 outputs = self.engine.step()
+                step_s = time.perf_counter() - started
                 if outputs:
                     self.num_steps += 1
-                    self.busy_s += time.perf_counter() - started
+                    self.busy_s += step_s
                 self._emit(outputs)
+                if outputs and self.trace is not None:
+                    self.trace.write({"kind": "step", "t_s": started_t_s,
+                                      "dt_s": step_s, "emit_s": time.perf_counter() - started - step_s,
+                                      "outputs": len(outputs)})
                 if outputs and self.step_delay_s > 0:
                     time.sleep(self.step_delay_s)
             except Exception as exc:

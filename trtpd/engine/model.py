@@ -14,6 +14,7 @@ an engine for which it fails.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ class LlamaModel:
         self.k_scales = [float(s) for s in k_scales]
         self.v_scales = [float(s) for s in v_scales]
         self.linear = linear
+        self.trace = None   # a StepTrace (trtpd/engine/step_trace.py) when the process traces its passes
         half = spec.head_size // 2
         inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
         angles = torch.outer(torch.arange(spec.max_position_embeddings, dtype=torch.float64), inv_freq)
@@ -151,6 +153,17 @@ class LlamaModel:
 
     def forward(self, chunks: Sequence[SeqChunk], pool: KvPool,
                 on_layer_done: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Runs `chunks` (see _forward_pass); with a step trace set (trtpd/engine/step_trace.py), records the pass."""
+        if self.trace is None:
+            return self._forward_pass(chunks, pool, on_layer_done)
+        started = time.monotonic()
+        logits = self._forward_pass(chunks, pool, on_layer_done)
+        self.trace.write({"kind": "forward", "t_s": started, "dt_s": time.monotonic() - started,
+                          "rows": [[c.num_tokens, c.start_pos] for c in chunks]})
+        return logits
+
+    def _forward_pass(self, chunks: Sequence[SeqChunk], pool: KvPool,
+                      on_layer_done: Callable[[int], None] | None = None) -> torch.Tensor:
         """Runs `chunks` (prefills and single-token decodes mixed), writes their KV into `pool`
         layer by layer, and returns the logits of each chunk's last row, [len(chunks), vocab]."""
         spec, w, dtype = self.spec, self.w, pool.layout.dtype

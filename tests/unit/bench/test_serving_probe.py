@@ -1,55 +1,54 @@
-"""`trtpd profile --serving`'s fit of the decode step costs (trtpd/bench/serving_probe.py): with the serving path on
-shared cores, the costs it finds give back the measured TPOTs, and the sharing is not counted twice."""
+"""`trtpd profile --serving`'s measurements (trtpd/bench/serving_probe.py): the decode step's serving costs from the
+engines' own step periods, and the prefill scale."""
 
-from dataclasses import replace
+import random
 
 import pytest
 
-from trtpd.bench.serving_probe import BIG_BATCH, fit_step_costs
+from trtpd.bench.serving_probe import MIN_PERIODS, fit_step_costs
 from trtpd.perf.measured import ServingOverhead
-from trtpd.perf.model import SharedCoresSpec
-from trtpd.sim.metrics import latencies
-from trtpd.sim.simulator import simulate
-from trtpd.sim.workload import RequestArrays
-from tests.unit.sim.fakes import LinearPerf, colocated
+from tests.unit.sim.fakes import LinearPerf
+
+CURVES = LinearPerf(decode_fixed_s=0.0035, decode_per_seq_s=0.0003, decode_per_context_token_s=2e-7)
 
 
-class _Costed(LinearPerf):
-    """The fake engine plus a ServingOverhead's decode step costs, as MeasuredPerfModel adds them."""
-
-    def __init__(self, overhead: ServingOverhead) -> None:
-        super().__init__(prefill_fixed_s=0.01, decode_fixed_s=0.004, decode_per_seq_s=0.0005)
-        self.overhead = overhead
-
-    def decode_step_s(self, batch_size, total_context_tokens):
-        return (super().decode_step_s(batch_size, total_context_tokens) + self.overhead.step_overhead_s
-                + batch_size * self.overhead.per_sequence_step_s)
-
-
-def _tpots(overhead: ServingOverhead) -> tuple[float, float]:
-    cluster = replace(colocated(_Costed(overhead)), shared_cores=SharedCoresSpec(
-        overhead.host_cores, overhead.serving_cpu_per_token_s))
-    out = []
-    for batch in (1, BIG_BATCH):
-        lat = latencies(simulate(cluster, RequestArrays([0.0] * batch, [100] * batch, [64] * batch)),
-                        warmup_fraction=0.0)
-        out.append(float(lat.tpot_s.mean()))
-    return out[0], out[1]
+def _periods(step_s, per_sequence_s, counts, hiccup_every=0, hiccup_s=0.03, seed=0):
+    """What a traced engine gives: at each batch, periods of the curve's pass plus the serving costs, the
+    context varying, and now and then a step that met something else (an admission, the host)."""
+    rng, out = random.Random(seed), []
+    for batch, count in counts.items():
+        for i in range(count):
+            context = batch * rng.randint(100, 300)
+            period = CURVES.decode_step_s(batch, context) + step_s + per_sequence_s * batch
+            if hiccup_every and i % hiccup_every == 0:
+                period += hiccup_s
+            out.append((batch, context, period))
+    return out
 
 
-def test_the_fitted_step_costs_give_back_the_measured_tpots_with_the_sharing_counted_once():
-    # one core, the serving path 2 ms per token: at batch 8 the host is oversubscribed
-    truth = ServingOverhead(step_overhead_s=0.001, per_sequence_step_s=0.0007, host_cores=1,
-                            serving_cpu_per_token_s=0.002)
-    measured = _tpots(truth)
-    start = ServingOverhead(host_cores=1, serving_cpu_per_token_s=0.002)
-    fitted = fit_step_costs(measured, _tpots, start, rounds=8)
-    assert _tpots(fitted) == pytest.approx(measured, rel=0.01)
-    assert fitted.per_sequence_step_s == pytest.approx(truth.per_sequence_step_s, rel=0.1)
-    assert fitted.step_overhead_s == pytest.approx(truth.step_overhead_s, rel=0.1)
-    # a fit that ignores the sharing puts the oversubscription into the per-sequence cost
-    unshared = fit_step_costs(measured, lambda o: _tpots(o.model_copy(update={"host_cores": 64})), start, rounds=8)
-    assert unshared.per_sequence_step_s > 1.5 * truth.per_sequence_step_s
+def test_the_step_costs_are_the_line_through_the_periods_beyond_the_profiles_pass():
+    periods = _periods(0.0003, 0.0008, {1: 60, 2: 40, 4: 30, 8: 50})
+    step, per_sequence = fit_step_costs(periods, CURVES)
+    assert step == pytest.approx(0.0003, abs=1e-6)
+    assert per_sequence == pytest.approx(0.0008, rel=1e-3)
+    # a negative intercept is kept (the engine's step at batch 1 shorter in the server than in the profile)
+    assert fit_step_costs(_periods(-0.0004, 0.0008, {1: 30, 8: 30}), CURVES)[0] == pytest.approx(-0.0004, abs=1e-6)
+
+
+def test_a_step_that_met_an_admission_or_a_hiccup_does_not_move_the_costs():
+    """One step in five 30 ms long (a request admitted in it, the host busy): a mean per batch would put 6 ms on
+    every step; the median per batch leaves the costs as they are."""
+    periods = _periods(0.0003, 0.0008, {1: 60, 2: 40, 4: 30, 8: 50}, hiccup_every=5)
+    step, per_sequence = fit_step_costs(periods, CURVES)
+    assert step == pytest.approx(0.0003, abs=2e-4)
+    assert per_sequence == pytest.approx(0.0008, rel=0.1)
+
+
+def test_batch_sizes_seen_in_a_few_steps_only_are_left_out_and_one_batch_size_is_an_error():
+    periods = _periods(0.0003, 0.0008, {1: 40, 8: 40}) + [(5, 1000, 0.2)] * (MIN_PERIODS - 1)
+    assert fit_step_costs(periods, CURVES)[1] == pytest.approx(0.0008, rel=1e-3)
+    with pytest.raises(ValueError, match=r"1 batch size\(s\) with 10 or more decode steps .*1: 40, 3: 2"):
+        fit_step_costs(_periods(0.0, 0.0008, {1: 40, 3: 2}), CURVES)
 
 
 def test_the_prefill_scale_is_the_servers_prefill_compute_over_the_profiles_and_the_model_applies_it():
@@ -69,15 +68,3 @@ def test_the_prefill_scale_is_the_servers_prefill_compute_over_the_profiles_and_
     for tokens, sum_sq in ((64, 64 * 64), (1024, 16 * 64 * 64), (1024, 1024 * 1024), (800, 0)):
         assert served.prefill_s(tokens, sum_sq) == pytest.approx(scale * alone.prefill_s(tokens, sum_sq))
     assert served.decode_step_s(1, 64) == alone.decode_step_s(1, 64)
-
-
-def test_a_server_step_shorter_than_the_profiles_at_batch_1_gives_a_negative_intercept_not_a_long_small_batch():
-    """Measured on the reference fleet: TPOT 3.63 ms at batch 1 in the server against 3.77 simulated from the
-    profile, 10.62 at batch 8 against 7.64. Held at 0, the intercept left the per-sequence cost to carry batch 8's
-    gap alone, and every batch of 1-3 came out 20-25% long."""
-    truth = ServingOverhead(step_overhead_s=-0.001, per_sequence_step_s=0.0007, host_cores=1,
-                            serving_cpu_per_token_s=0.002)
-    measured = _tpots(truth)
-    fitted = fit_step_costs(measured, _tpots, ServingOverhead(host_cores=1, serving_cpu_per_token_s=0.002), rounds=8)
-    assert fitted.step_overhead_s < 0
-    assert _tpots(fitted) == pytest.approx(measured, rel=0.01)

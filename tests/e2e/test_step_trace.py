@@ -1,0 +1,50 @@
+"""The step trace through a real deployment (trtpd/engine/step_trace.py): tritonserver started under `tracing`
+hands the variable to its stubs, and the engine's trace says which rows each forward pass ran and when, on the
+host's one monotonic clock, which is what `trtpd profile --serving` fits the decode step's costs from
+(trtpd/bench/serving_probe.py) and benchmarks/validate_sim.py --step-trace accounts a run with."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from trtpd.bench.client import BenchRequest, run_stream
+from trtpd.bench.prompts import prompt_with_tokens
+from trtpd.deploy.spec import ReferenceDeployment
+from trtpd.engine import step_trace
+from trtpd.fleet import deployment
+from trtpd.serving import stub_watch
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_traced_engine_records_each_pass_rows_and_each_turn_on_the_hosts_clock(trtpd_home, fp16_root, tokenizer,
+                                                                                tmp_path):
+    lengths, max_tokens = (40, 70), 6
+    with step_trace.tracing(tmp_path / "steps"):
+        dep = deployment.up("e2e-step-trace", ReferenceDeployment(fp16_root, mode="colocated",
+                                                                  colocated_instances=1), replace=True)
+    try:
+        engine_pid = next(e.pid for e in stub_watch.read_registry(dep.folder) if e.model == "colocated")
+        started = time.monotonic()
+        results = run_stream(dep.server.grpc_url, [
+            BenchRequest(f"traced-{n}", prompt_with_tokens(tokenizer, n, seed=n), max_tokens, 0.0) for n in lengths])
+        ended = time.monotonic()
+    finally:
+        deployment.down(dep.name)
+    assert all(r.error is None and r.num_tokens >= 2 for r in results), results
+    tokens = {n: r.num_tokens for n, r in zip(lengths, results)}
+    traces = step_trace.read_trace(tmp_path / "steps")
+    assert list(traces) == [f"colocated-engine-{engine_pid}"]          # the engine's stub, nobody else
+    records = [r for r in traces[f"colocated-engine-{engine_pid}"] if started <= r["t_s"] <= ended]
+    forwards = [r for r in records if r["kind"] == "forward"]
+    rows = sorted(tuple(row) for f in forwards for row in f["rows"])
+    # each prompt once from position 0, then a decode row per further token at the positions after it
+    assert rows == sorted([(n, 0) for n in lengths] + [(1, n + k) for n in lengths for k in range(tokens[n] - 1)])
+    steps = [r for r in records if r["kind"] == "step"]
+    assert sum(s["outputs"] for s in steps) == sum(tokens.values())
+    for f in forwards:   # every pass inside the turn of the loop that ran it
+        assert any(s["t_s"] <= f["t_s"] and f["t_s"] + f["dt_s"] <= s["t_s"] + s["dt_s"] for s in steps), f
+    assert step_trace.ENV not in os.environ
