@@ -11,26 +11,33 @@
    the relative error, and the mean absolute percentage error (MAPE) per workload (goal: every P50/P90 and
    goodput within 15%; BLIS's published MAPE is 11.8% E2E). ITL is not compared: the simulator records a
    request's first and last token, not each token.
-5. --record FILE: also writes the run (the measured profile, the engines' options, each cell's requests and real
+5. checks this machine's engine speed against the profile's around each deployment (a few of the profile's
+   shapes timed again in-process before it starts and after it stops, trtpd.engine.profiling.speed_ratio) and
+   prints the MAPE a second time with each deployment's cells simulated at that speed (the curves scaled, the
+   serving costs as measured): how much of the error is the machine's speed moving between the profile and the run,
+6. --record FILE: also writes the run (the measured profile, the engines' options, each cell's requests and real
    latencies, the MAPE per workload) as a FidelityRecord (trtpd/sim/fidelity.py), which
    tests/unit/sim/test_fidelity_record.py holds the simulator against on any machine,
-6. --account: where each cell's mean TTFT goes, real against simulated, term by term: the engines' own TTFT
+7. --account: where each cell's mean TTFT goes, real against simulated, term by term: the engines' own TTFT
    breakdown (prefill queue, prefill compute, decode queue, KV transfer: the perf outputs each real request
    carries, the simulator's TtftBreakdown) and the rest (the serving path: client, ensemble, pre/post-processing,
-   the entry's hops; the simulator's response latency), and the mean TPOT.
+   the entry's hops; the simulator's response latency), and the mean TPOT,
+8. --step-trace DIR: the engines trace their steps (trtpd/engine/step_trace.py), and each cell's forward passes are
+   held against the perf model by shape, alone and beside another engine's (benchmarks/step_account.py).
 Run: .venv/bin/python benchmarks/validate_sim.py [--workloads cpu-demo,...] [--rates 1,2,3] [--num-requests 40]
-     [--account] [--record tests/data/fidelity/record.json]
+     [--account] [--step-trace DIR] [--record tests/golden/fidelity/record.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +49,7 @@ from trtpd.bench.serving_probe import warm_every_instance
 from trtpd.catalog import get_model
 from trtpd.engine import step_trace
 from trtpd.engine.checkpoint import load_checkpoint
+from trtpd.engine.profiling import speed_ratio
 from trtpd.engine.reference_engines import build_reference
 from trtpd.fleet import deployment
 from trtpd.perf.hardware import curves_origin, load_hardware
@@ -49,7 +57,7 @@ from trtpd.perf.measured import MeasuredPerfModel
 from trtpd.repo.reference import ReferenceDeployment
 from trtpd.sim.cluster_specs import ClusterOptions, options_from_engines
 from trtpd.sim.fidelity import (MODES, FidelityRecord, RecordedCell, cell_rows, mape, mirrored_clusters,
-                                 worst_decisive)
+                                 simulate_record, worst_decisive)
 from trtpd.sim.metrics import Latencies, latencies, summarize
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
@@ -62,6 +70,7 @@ def real_latencies(results) -> Latencies:
     return Latencies(ttft, tpot, np.array([r.error is None and r.ttft_s is not None for r in results]))
 
 
+SPEED_REPEATS = 30        # the speed check around each deployment: ~3 s
 COLOCATED_INSTANCES = 2   # the colocated deployment: one tritonserver, this many instances of the colocated model
 
 # (term, the real request's perf output, the simulator's TtftBreakdown field)
@@ -135,8 +144,11 @@ def main() -> int:
     windows: dict[tuple, tuple[float, float]] = {}   # each cell's span of time.monotonic(), for --step-trace
     if args.step_trace:
         os.environ[step_trace.ENV] = str(args.step_trace.resolve())   # the server and its stubs inherit it
+    speed: dict[tuple, float] = {}   # (workload, mode): the machine's speed around the deployment, vs the profile
+    curves = MeasuredPerfModel(hardware.find_measured("tiny-llama", 1, "fp16"))
     for workload in workloads:
         for mode in MODES:
+            before = speed_ratio(root / "colocated-tp1", curves, SPEED_REPEATS)
             dep = deployment.up(f"validate-{mode}", ReferenceDeployment(root, mode=mode,
                                                                         colocated_instances=COLOCATED_INSTANCES),
                                 replace=True)
@@ -159,6 +171,10 @@ def main() -> int:
                     real_terms[(workload, rate, mode)] = real_terms_ms(results)
             finally:
                 deployment.down(dep.name)
+            after = speed_ratio(root / "colocated-tp1", curves, SPEED_REPEATS)
+            speed[(workload, mode)] = float(np.sqrt(before * after))
+            print(f"{workload} {mode}: this machine's engine speed against the profile's: x{before:.2f} before the "
+                  f"deployment, x{after:.2f} after (above 1: slower)")
 
     print(f"\n{args.num_requests} requests per cell, seed {args.seed}, SLO TTFT <= {args.ttft_slo_s:g} s, "
           f"TPOT <= {args.tpot_slo_s * 1e3:g} ms; simulated with curves from {hw_path}")
@@ -179,20 +195,23 @@ def main() -> int:
                 a = arrays[(workload, rate)]
                 recorded.append(RecordedCell(workload, rate, mode, list(map(float, a.arrival_s)),
                                              list(map(int, a.input_tokens)), list(map(int, a.output_tokens)),
-                                             *_real_lists(obs)))
+                                             *_real_lists(obs), speed_ratio=speed[(workload, mode)]))
         summary[workload] = mape(rows_of_workload)
         worst = max(worst, worst_decisive(rows_of_workload))
     print()
     for workload, value in summary.items():
         print(f"MAPE {workload:<18} {value:.1%}")
     print(f"largest |error| among P50/P90 and goodput: {worst:.0%} (goal: 15%)")
+    record = FidelityRecord(curves_origin(hardware, "tiny-llama"),
+                            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                            "tiny-llama", hw_path.read_text(), asdict(opts), args.ttft_slo_s, args.tpot_slo_s,
+                            args.seed, recorded, summary)
+    # the same cells with each deployment's curves at the speed checked around it: how much of the error is the
+    # machine's speed moving between the profile and the run (the check itself moves by ~10% within seconds)
+    followed = simulate_record(record, follow_speed=True)
+    print("at each deployment's checked speed: " + ", ".join(f"MAPE {w} {mape(r):.1%}" for w, r in followed.items())
+          + f"; largest |error| {max(worst_decisive(r) for r in followed.values()):.0%}")
     if args.record:
-        import datetime
-        from dataclasses import asdict
-        record = FidelityRecord(curves_origin(hardware, "tiny-llama"),
-                                datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                                "tiny-llama", hw_path.read_text(), asdict(opts), args.ttft_slo_s, args.tpot_slo_s,
-                                args.seed, recorded, summary)
         args.record.parent.mkdir(parents=True, exist_ok=True)
         record.save(args.record)
         print(f"recorded into {args.record}")

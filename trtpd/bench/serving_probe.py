@@ -18,9 +18,11 @@ The validation workload (`benchmarks/validate_sim.py`) is a different, loaded sc
 
 from __future__ import annotations
 
+import collections
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -49,15 +51,19 @@ PROMPT_TOKENS, OUTPUT_TOKENS, BIG_BATCH = 100, 64, 8
 LONG_PROMPT_TOKENS = 512   # the prefill scale's scenario: one such prompt at a time (~0.1 s of one engine's compute)
 LONG_PROMPT_ROUNDS = 5     # its median
 ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stubs run the engines (repo/reference.py)
-MIN_PERIODS = 10        # decode steps at one batch size for its point on the step costs' line
-STEP_BATCHES = (2, 4)   # with 1 and BIG_BATCH: the decode step's serving costs are a line through these
+MIN_PERIODS = 10            # decode steps at one batch size for its point on the step costs' line
+STEP_BATCHES = (2, 4)       # with 1 and BIG_BATCH: the batch sizes the step costs' line goes through
+CONTENTION_BATCH = 4        # the decode batch beside which a step's cost is measured (step_cores)
+CONTENTION_TOKENS = 300     # its output: long enough to outlast the prefills measured beside it
+PAIR_SPACING_S = 0.02       # between the requests for two colocated instances, so each gets every other one
+CONTENTION_SETTLE_S = 0.3   # the batch is formed (its requests admitted one by one) before anything is timed
 
 
-def _real(url: str, prompts: list[str], rounds: int) -> tuple[float, float]:
+def _real(url: str, prompts: list[str], rounds: int, output_tokens: int = OUTPUT_TOKENS) -> tuple[float, float]:
     """Median TTFT and TPOT over `rounds` rounds of len(prompts) requests sent at once."""
     ttft, tpot = [], []
     for r in range(rounds):
-        reqs = [BenchRequest(f"probe-{len(prompts)}-{r}-{i}", p, OUTPUT_TOKENS, 0.0) for i, p in enumerate(prompts)]
+        reqs = [BenchRequest(f"probe-{len(prompts)}-{r}-{i}", p, output_tokens, 0.0) for i, p in enumerate(prompts)]
         for res in run_stream(url, reqs):
             if res.error:
                 raise RuntimeError(f"serving probe request failed: {res.error}")
@@ -145,41 +151,121 @@ def _serving_cpu(dep: deployment.Deployment) -> Callable[[], float]:
     return lambda: cpu_s(others) + time.process_time()
 
 
-def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, colocated_instances: int = 1,
-                             rounds: int = 3, progress: Callable[[str], None] = lambda _: None) -> ServingOverhead:
+def fit_step_cores(slowdown: float, host_cores: int, serving_cores: float, steps: int = 2) -> float:
+    """The step_cores (ServingOverhead) that make the simulator's shared cores slow `steps` steps in flight by the
+    measured `slowdown`, the serving path taking `serving_cores` of the host meanwhile: steps x step_cores +
+    serving_cores = slowdown x host_cores. 1 where one core per step already makes that slowdown or more, and where
+    one core per step leaves the host cores to spare: a slowdown there is not the sharing of too few cores, and no
+    demand would make the simulator's sharing reproduce it."""
+    if steps + serving_cores <= host_cores or slowdown <= (steps + serving_cores) / host_cores:
+        return 1.0
+    return (slowdown * host_cores - serving_cores) / steps
+
+
+def _stream_beside(url: str, prompts: list[str], work: Callable[[], float]) -> float:
+    """`work()` run while a decode batch of len(prompts) streams CONTENTION_TOKENS tokens each; raises if the batch
+    ended before the work did (the work would then not have run beside it)."""
+    results: list = []
+    streaming = threading.Thread(target=lambda: results.extend(run_stream(
+        url, [BenchRequest(f"probe-beside-{i}", p, CONTENTION_TOKENS, 0.0) for i, p in enumerate(prompts)])),
+        daemon=True)
+    streaming.start()
+    time.sleep(CONTENTION_SETTLE_S)
+    value = work()
+    done_s = time.perf_counter()
+    streaming.join()
+    if len(results) != len(prompts) or any(r.error for r in results):
+        raise RuntimeError(f"serving probe: the decode batch beside the prefills failed: "
+                           f"{[r.error for r in results if r.error] or 'no results'}")
+    if min(r.token_times_s[-1] for r in results) < done_s:
+        raise RuntimeError(f"serving probe: the decode batch of {len(prompts)} x {CONTENTION_TOKENS} tokens ended "
+                           f"before the prefills beside it did; the machine is faster than this probe assumes")
+    return value
+
+
+def _decode_beside_decode(build_root: Path, prompts: list[str], trace_dir: Path) -> list[tuple[int, int, float]]:
+    """The decode periods of two colocated instances stepping together: a deployment of two, CONTENTION_BATCH
+    requests for each (Triton hands them out in turn, tests/e2e/test_instance_dispatch.py), traced."""
+    with step_trace.tracing(trace_dir):
+        dep = deployment.up("probe-colocated-pair", ReferenceDeployment(build_root, mode="colocated",
+                                                                        colocated_instances=2), replace=True)
+    try:
+        run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-pair-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
+        started = time.monotonic()
+        # one after another, PAIR_SPACING_S apart: sent at once, Triton handed 8 out as 3 and 5 (measured here)
+        results = run_stream(dep.server.grpc_url, [
+            BenchRequest(f"probe-pair-{i}", p, CONTENTION_TOKENS, i * PAIR_SPACING_S)
+            for i, p in enumerate((prompts * 2)[:2 * CONTENTION_BATCH])])
+        if any(r.error for r in results):
+            raise RuntimeError(f"serving probe: a request of the colocated pair failed: "
+                               f"{next(r.error for r in results if r.error)}")
+    finally:
+        deployment.down(dep.name)
+    return [p for records in step_trace.read_trace(trace_dir).values()
+            for p in step_trace.decode_periods([r for r in records if r["t_s"] >= started])]
+
+
+def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, rounds: int = 3,
+                             progress: Callable[[str], None] = lambda _: None) -> ServingOverhead:
     """`hardware` must carry the engine's measured curves (without serving overhead for this mode). One instance
-    per role by default: the step costs are the engine process's own, measured where no second engine competes
-    for the cores (the sharing is the simulator's shared cores, from the serving path's CPU measured here too)."""
+    per role: the step costs are the engine process's own, measured where no second engine competes for the cores;
+    then two engines stepping together (the disaggregated deployment's prefill beside its decode batch, or a second,
+    colocated deployment of two instances) give what a step costs beside another (step_cores)."""
     tokenizer = load_checkpoint(build_root / "checkpoint").load_tokenizer()
     prompts = [prompt_with_tokens(tokenizer, PROMPT_TOKENS, seed=i) for i in range(BIG_BATCH)]
-    with tempfile.TemporaryDirectory(prefix="trtpd-steps-") as trace_dir, step_trace.tracing(Path(trace_dir)):
-        dep = deployment.up(f"probe-{mode}", ReferenceDeployment(build_root, mode=mode,
-                                                                 colocated_instances=colocated_instances),
+    long_prompt = prompt_with_tokens(tokenizer, LONG_PROMPT_TOKENS, seed=99)
+    with tempfile.TemporaryDirectory(prefix="trtpd-steps-") as trace_dir, step_trace.tracing(Path(trace_dir) / "one"):
+        dep = deployment.up(f"probe-{mode}", ReferenceDeployment(build_root, mode=mode, colocated_instances=1),
                             replace=True)
         try:
+            url = dep.server.grpc_url
             # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the costs)
-            run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
-            real1 = _real(dep.server.grpc_url, prompts[:1], rounds)
-            long_prompt = prompt_with_tokens(tokenizer, LONG_PROMPT_TOKENS, seed=99)
-            warm_every_instance(dep.server.grpc_url, long_prompt, colocated_instances if mode == "colocated" else 1)
-            real_prefill_s = _real_prefill_compute(dep.server.grpc_url, long_prompt, LONG_PROMPT_ROUNDS)
+            run_stream(url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
+            real1 = _real(url, prompts[:1], rounds)
+            warm_every_instance(url, long_prompt, 1)
+            real_prefill_s = _real_prefill_compute(url, long_prompt, LONG_PROMPT_ROUNDS)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
-                _real(dep.server.grpc_url, prompts[:batch], 1)
+                _real(url, prompts[:batch], 1)
             serving_cpu = _serving_cpu(dep)
             cpu_before_s = serving_cpu()
-            real8 = _real(dep.server.grpc_url, prompts, rounds)
+            real8 = _real(url, prompts, rounds)
             cpu_per_token_s = (serving_cpu() - cpu_before_s) / (BIG_BATCH * OUTPUT_TOKENS * rounds)
+            alone_until = time.monotonic()
+            if mode == "disaggregated":
+                beside_prefill_s = _stream_beside(url, prompts[:CONTENTION_BATCH], lambda: _real_prefill_compute(
+                    url, long_prompt, LONG_PROMPT_ROUNDS))
         finally:
             deployment.down(dep.name)
-        periods = [p for records in step_trace.read_trace(Path(trace_dir)).values()
-                   for p in step_trace.decode_periods(records)]
+        alone = [p for records in step_trace.read_trace(Path(trace_dir) / "one").values()
+                 for p in step_trace.decode_periods([r for r in records if r["t_s"] <= alone_until])]
+        if mode == "colocated":
+            pair = _decode_beside_decode(build_root, prompts, Path(trace_dir) / "pair")
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
-    opts = options_from_engines(build_root, ClusterOptions(num_colocated=colocated_instances, first_token_at="decode"))
+    opts = options_from_engines(build_root, ClusterOptions(num_colocated=1, first_token_at="decode"))
     curves = instance_perf(model, hardware, 1, opts.weight_dtype, opts.kv_dtype).perf   # the curves alone
-    step_s, per_sequence_s = fit_step_costs(periods, curves)
+    step_s, per_sequence_s = fit_step_costs(alone, curves)
     profiled_s = curves.prefill_s(LONG_PROMPT_TOKENS, LONG_PROMPT_TOKENS ** 2)
-    overhead = ServingOverhead(host_cores=len(os.sched_getaffinity(0)), serving_cpu_per_token_s=cpu_per_token_s,
-                               step_overhead_s=step_s, per_sequence_step_s=per_sequence_s,
+    host_cores = len(os.sched_getaffinity(0))
+    def alone_s(batch: int, context: int) -> float:   # a decode step alone, as the simulator charges it
+        return curves.decode_step_s(batch, context) + step_s + batch * per_sequence_s
+
+    # the serving path's cores while decode batches stream beside: their tokens per second alone, as the simulator
+    # counts them
+    if mode == "disaggregated":
+        batch_s = alone_s(CONTENTION_BATCH, CONTENTION_BATCH * (PROMPT_TOKENS + CONTENTION_TOKENS // 2))
+        serving_cores = cpu_per_token_s * CONTENTION_BATCH / batch_s
+        slowdown = beside_prefill_s / real_prefill_s
+        beside = f"a {LONG_PROMPT_TOKENS}-token prefill beside a decode batch of {CONTENTION_BATCH}"
+    else:
+        if len(pair) < MIN_PERIODS:
+            raise RuntimeError(f"serving probe: {len(pair)} decode steps of the colocated pair in the trace, "
+                               f"{MIN_PERIODS} needed")
+        slowdown = float(statistics.median(p / alone_s(b, c) for b, c, p in pair))
+        serving_cores = 2 * cpu_per_token_s * float(statistics.mean(b / alone_s(b, c) for b, c, _ in pair))
+        beside = f"two colocated instances decoding {CONTENTION_BATCH} each"
+    step_cores = fit_step_cores(slowdown, host_cores, serving_cores)
+    overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=cpu_per_token_s,
+                               step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
                                prefill_compute_scale=fit_prefill_scale(real_prefill_s, profiled_s))
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
 
@@ -191,12 +277,14 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     overhead = overhead.model_copy(update={"response_latency_s": max(0.0, real1[0] - sim1[0])})
     sim8 = simulated(BIG_BATCH)
     progress(f"serving ({mode}): decode steps in the server {step_s * 1e3:+.2f} ms + {per_sequence_s * 1e3:.2f} ms per "
-             f"sequence beyond the profile's pass ({len(periods)} steps at batches "
-             f"{', '.join(map(str, sorted({p[0] for p in periods})))}), so TPOT at 1/{BIG_BATCH} real "
+             f"sequence beyond the profile's pass ({len(alone)} steps at batches "
+             f"{', '.join(map(str, sorted({p[0] for p in alone})))}), so TPOT at 1/{BIG_BATCH} real "
              f"{real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs simulated {sim1[1] * 1e3:.2f}/{sim8[1] * 1e3:.2f} ms; "
              f"TTFT real {real1[0] * 1e3:.1f} vs simulated {sim1[0] * 1e3:.1f} ms -> response "
              f"+{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU {cpu_per_token_s * 1e3:.2f} ms per "
-             f"token on {overhead.host_cores} shared cores; one prompt of {LONG_PROMPT_TOKENS} tokens: prefill "
+             f"token on {host_cores} shared cores; one prompt of {LONG_PROMPT_TOKENS} tokens: prefill "
              f"{real_prefill_s * 1e3:.1f} ms in the server, {profiled_s * 1e3:.1f} profiled -> "
-             f"x{overhead.prefill_compute_scale:.2f}")
+             f"x{overhead.prefill_compute_scale:.2f}; {beside}: x{slowdown:.2f} its time alone (one core per step "
+             f"and the serving path's {serving_cores:.2f} cores make "
+             f"x{max(1.0, (2 + serving_cores) / host_cores):.2f}) -> {step_cores:.2f} cores per step")
     return overhead

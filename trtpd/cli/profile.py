@@ -46,9 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="measurements per point (their median), one in each pass over the whole grid")
     p.add_argument("--quick", action="store_true", help="a coarse grid (for a smoke test)")
     p.add_argument("--serving", action="store_true",
-                   help="also measure the serving overhead (request path, per-step response pipeline, and the "
-                        "CPU the serving path takes per token from the cores the engines share) through the real "
-                        "tritonserver, disaggregated and colocated (about a minute)")
+                   help="also measure the serving overhead through the real tritonserver, disaggregated and "
+                        "colocated (about a minute and a half): the request path, the decode step's costs from the "
+                        "engines' traced steps, the CPU the serving path takes per token from the cores the engines "
+                        "share, and what a step costs beside another engine's")
     p.set_defaults(func=run)
 
 

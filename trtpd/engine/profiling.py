@@ -61,3 +61,20 @@ def measure_decode_step_s(engine_dir: Path, batch_size: int, context_len: int, r
     config, model, layout = _model(str(engine_dir))
     chunks, num_blocks = _chunks([1] * batch_size, config.tokens_per_block, start_pos=context_len - 1)
     return _time(model, chunks, KvPool(layout, num_blocks), repeats)
+
+
+# A few of the profile's own shapes, timed again in a minute: (decode batch, context) and prefill prompt lengths
+SPEED_DECODE = ((1, 256), (4, 256), (8, 256))
+SPEED_PREFILL = ((64,) * 8, (512,))
+
+
+def speed_ratio(engine_dir: Path, perf, repeats: int = 10) -> float:
+    """How fast this machine runs the engine now against the profile `perf` (the measured curves without serving
+    costs: MeasuredPerfModel(profile)): the geometric mean, over a few of the profile's shapes, of the time now over
+    the profile's (above 1: slower now). About a second; benchmarks/validate_sim.py measures it around each real
+    deployment, on a machine whose speed moves by tens of percent between minutes."""
+    ratios = [measure_decode_step_s(engine_dir, b, ctx, repeats) / perf.decode_step_s(b, b * ctx)
+              for b, ctx in SPEED_DECODE]
+    ratios += [measure_prefill_s(engine_dir, list(lens), max(3, repeats // 3))
+               / perf.prefill_s(sum(lens), sum(n * n for n in lens)) for lens in SPEED_PREFILL]
+    return float(statistics.geometric_mean(ratios))

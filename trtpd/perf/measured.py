@@ -57,15 +57,20 @@ class ServingOverhead(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     response_latency_s: float = Field(default=0.0, ge=0, description="added to every response (request path)")
-    step_overhead_s: float = Field(default=0.0, description="added to every decode step; negative when the step in "
-                                   "the server is shorter than the profile's at batch 1 (the fit through batches 1 "
-                                   "and 8 then has a negative intercept, trtpd/bench/serving_probe.fit_step_costs)")
+    step_overhead_s: float = Field(default=0.0, description="added to every decode step; negative when the server's "
+                                   "steps grow with the batch faster from 1 to 2 than beyond (the line through the "
+                                   "traced steps' periods then has a negative intercept, "
+                                   "trtpd/bench/serving_probe.fit_step_costs)")
     per_sequence_step_s: float = Field(default=0.0, ge=0, description="added to a decode step per sequence in it")
     host_cores: int = Field(default=0, ge=0, description="the cores the deployment's processes shared when "
                             "measured (engines, Triton, the serving path, the client); 0: each instance computes on "
                             "devices of its own (GPUs), nothing is shared")
     serving_cpu_per_token_s: float = Field(default=0.0, ge=0, description="CPU seconds the serving path outside "
                                            "the engines spends per streamed token (with host_cores)")
+    step_cores: float = Field(default=1.0, ge=1, description="the host's cores a step in flight takes as the other "
+                              "engines feel it (with host_cores): its engine thread, and what the serving path's "
+                              "work in its process costs a step beside it; measured with two engines stepping "
+                              "together (trtpd/bench/serving_probe.fit_step_cores); 1: the engine thread alone")
     prefill_compute_scale: float = Field(default=1.0, gt=0, description="the engine's prefill passes in its serving "
                                          "process (its response, KV export and watch threads beside it) take this "
                                          "multiple of the profile's, timed alone")

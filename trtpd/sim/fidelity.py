@@ -77,6 +77,9 @@ class RecordedCell:
     real_ttft_s: list[float | None]
     real_tpot_s: list[float | None]
     real_done: list[bool]
+    # the machine's speed around the cell's deployment over the profile's (trtpd.engine.profiling.speed_ratio:
+    # the mean of a check before it started and one after it stopped; 1.0 in records made before the check)
+    speed_ratio: float = 1.0
 
     def real(self) -> Latencies:
         def arr(values):
@@ -129,9 +132,28 @@ def mirrored_clusters(model, hardware, options) -> dict:
             "colocated": replace(colocated_cluster(model, hardware, options), routing="round_robin")}
 
 
-def simulate_record(record: FidelityRecord) -> dict[str, list[Row]]:
+def at_speed(hardware, model: str, ratio: float):
+    """`hardware` with `model`'s measured curves (prefill, long prompts, decode) times `ratio`: the engine as fast as
+    a speed check found the machine (trtpd.engine.profiling.speed_ratio); its serving costs as measured."""
+    if ratio == 1.0:
+        return hardware
+    measured = []
+    for m in hardware.measured:
+        if m.model == model:
+            p, d = m.prefill, m.decode
+            m = m.model_copy(update={
+                "prefill": p.model_copy(update={"latency_s": [x * ratio for x in p.latency_s],
+                                                "single_latency_s": [x * ratio for x in p.single_latency_s]}),
+                "decode": d.model_copy(update={"step_latency_s": [[x * ratio for x in row]
+                                                                  for row in d.step_latency_s]})})
+        measured.append(m)
+    return hardware.model_copy(update={"measured": measured})
+
+
+def simulate_record(record: FidelityRecord, follow_speed: bool = False) -> dict[str, list[Row]]:
     """Each recorded cell simulated again with the recorded profile and options, compared with its real
-    latencies: the rows per workload."""
+    latencies: the rows per workload. follow_speed: each cell's curves at the machine's speed checked around it
+    (RecordedCell.speed_ratio)."""
     import yaml
 
     from trtpd.catalog import get_model
@@ -144,10 +166,14 @@ def simulate_record(record: FidelityRecord) -> dict[str, list[Row]]:
 
     hardware = load_model(HardwareProfile, yaml.safe_load(record.hardware_yaml), "the recorded profile")
     model, options = get_model(record.model), ClusterOptions(**record.options)
-    clusters = mirrored_clusters(model, hardware, options)
+    clusters: dict[float, dict] = {}
     rows: dict[str, list[Row]] = {}
     for cell in record.cells:
-        run = simulate(clusters[cell.mode], RequestArrays(cell.arrival_s, cell.input_tokens, cell.output_tokens))
+        ratio = cell.speed_ratio if follow_speed else 1.0
+        if ratio not in clusters:
+            clusters[ratio] = mirrored_clusters(model, at_speed(hardware, record.model, ratio), options)
+        run = simulate(clusters[ratio][cell.mode],
+                       RequestArrays(cell.arrival_s, cell.input_tokens, cell.output_tokens))
         rows.setdefault(cell.workload, []).extend(
             cell_rows(cell.real(), latencies(run, warmup_fraction=0.0), cell.rate_per_s, record.ttft_slo_s,
                       record.tpot_slo_s))

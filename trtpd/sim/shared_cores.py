@@ -6,7 +6,12 @@ Processor sharing. A step (a prefill batch, a decode or colocated step) is an am
 took for it alone when profiled. While the host's demand exceeds its cores, every step in flight progresses at
 `cores / demand` of its own speed, and its end moves whenever the demand changes (a step starts or ends). Demand,
 in cores:
-- one for each step in flight: each engine computes on one thread (trtpd/engine/loader.py sets torch to one);
+- one for each step in flight, `step_cores` each while two or more are: each engine computes on one thread
+  (trtpd/engine/loader.py sets torch to one), and beside another engine a step costs more than its thread's
+  core (the serving path's threads in its process contend with the engine thread for the GIL and for the cores;
+  measured on the 2-core reference fleet: a 512-token prefill beside a decode batch of 4 took 1.63x its time
+  alone, where one core per step and the serving path's CPU make 1.34x; `trtpd profile --serving` measures it,
+  serving_probe.fit_step_cores);
 - the serving path's share: `serving_cpu_per_token_s` (the CPU it spends per streamed token outside the engines:
   tritonserver's gRPC and ensemble/BLS hops, the post-processing stub, the client; measured by
   `trtpd profile --serving`, trtpd/bench/serving_probe.py) times the tokens per second the steps in flight
@@ -66,7 +71,10 @@ class SharedCores:
     def _reschedule(self, now_s: float) -> bool:
         """Recomputes the slowdown; when it changed, every step's end moves (True)."""
         steps = self.steps.values()
-        demand = len(self.steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
+        # a step alone keeps one core: what it costs beside others is measured beside others (a lone step's costs
+        # in the server are in its alone time already, ServingOverhead's step costs)
+        per_step = self.spec.step_cores if len(self.steps) > 1 else 1.0
+        demand = per_step * len(self.steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
         slowdown = demand / self.spec.cores if demand > self.spec.cores else 1.0
         if slowdown == self.slowdown:
             return False

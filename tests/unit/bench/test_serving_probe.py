@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from trtpd.bench.serving_probe import MIN_PERIODS, fit_step_costs
+from trtpd.bench.serving_probe import MIN_PERIODS, fit_step_cores, fit_step_costs
 from trtpd.perf.measured import ServingOverhead
 from tests.unit.sim.fakes import LinearPerf
 
@@ -68,3 +68,25 @@ def test_the_prefill_scale_is_the_servers_prefill_compute_over_the_profiles_and_
     for tokens, sum_sq in ((64, 64 * 64), (1024, 16 * 64 * 64), (1024, 1024 * 1024), (800, 0)):
         assert served.prefill_s(tokens, sum_sq) == pytest.approx(scale * alone.prefill_s(tokens, sum_sq))
     assert served.decode_step_s(1, 64) == alone.decode_step_s(1, 64)
+
+
+def test_the_cores_a_step_takes_beside_another_give_back_the_measured_slowdown_on_the_shared_cores():
+    """Measured here: a 512-token prefill beside a decode batch of 4 took 1.46x its time alone on 2 cores, the
+    decode batch's serving path taking 0.64 cores: one core per step makes (2 + 0.64) / 2 = 1.32x."""
+    from trtpd.sim.events import EventLoop
+    from trtpd.sim.shared_cores import SharedCores, SharedCoresSpec
+
+    step_cores = fit_step_cores(1.46, 2, 0.64)
+    assert step_cores == pytest.approx((1.46 * 2 - 0.64) / 2)
+    # the simulator's shared cores, two 1 s steps together with the serving path's 0.64 cores: 1.46 s each
+    loop, ends = EventLoop(), []
+    shared = SharedCores(SharedCoresSpec(2, 0.001, step_cores), loop)
+    for name, tokens_per_s in (("prefill", 0.0), ("decode", 640.0)):
+        instance = type(name, (), {"busy_s": 0.0})()
+        loop.push(0.0, lambda now_s, _, i=instance, t=tokens_per_s: shared.run(
+            i, now_s, 1.0, lambda end_s, _: ends.append(end_s), None, t))
+    loop.run()
+    assert ends == pytest.approx([1.46, 1.46])
+    # what one core per step already makes (or a host with cores to spare) needs nothing more
+    assert fit_step_cores(1.30, 2, 0.64) == 1.0
+    assert fit_step_cores(1.02, 8, 0.64) == 1.0

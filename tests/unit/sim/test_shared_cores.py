@@ -18,10 +18,11 @@ class _Instance:
     busy_s = 0.0
 
 
-def _ends(cores: int, steps: list[tuple[float, float, float]], serving_cpu_per_token_s: float = 0.0):
+def _ends(cores: int, steps: list[tuple[float, float, float]], serving_cpu_per_token_s: float = 0.0,
+          step_cores: float = 1.0):
     """(start, work alone, tokens/s) per step, each on an instance of its own -> (end time, busy_s) of each."""
     loop = EventLoop()
-    shared = SharedCores(SharedCoresSpec(cores, serving_cpu_per_token_s), loop)
+    shared = SharedCores(SharedCoresSpec(cores, serving_cpu_per_token_s, step_cores), loop)
     ends, instances = {}, [_Instance() for _ in steps]
     for i, ((start_s, alone_s, tokens_per_s), instance) in enumerate(zip(steps, instances)):
         def begin(now_s, _, i=i, instance=instance, alone_s=alone_s, tokens_per_s=tokens_per_s):
@@ -46,6 +47,22 @@ def test_steps_in_flight_share_the_cores_and_their_ends_move_as_demand_changes()
     assert ends == pytest.approx([1.0])
     with pytest.raises(ValueError, match="cores"):
         SharedCoresSpec(cores=0)
+
+
+def test_a_step_beside_another_takes_step_cores_and_a_step_alone_one_core():
+    """Measured on the reference fleet (trtpd profile --serving): a step beside another engine's costs more than
+    its thread's core. Two steps of 1 s on two cores, the second from 0.5 s, at 1.25 cores each while both run:
+    the first, alone to 0.5 s, then at 2/2.5 of its speed, ends at 0.5 + 0.5 x 1.25; the second, with 0.5 s done
+    by then, ends alone 0.5 s later."""
+    ends, _ = _ends(2, [(0.0, 1.0, 0.0), (0.5, 1.0, 0.0)], step_cores=1.25)
+    assert ends == pytest.approx([1.125, 1.625])
+    ends, _ = _ends(2, [(0.0, 1.0, 0.0), (0.0, 1.0, 0.0)], step_cores=1.25)
+    assert ends == pytest.approx([1.25, 1.25])
+    # alone, a step keeps one core even with the serving path beside it: 1 + 0.5 cores on two, no one waits
+    ends, _ = _ends(2, [(0.0, 1.0, 500.0)], serving_cpu_per_token_s=0.001, step_cores=1.5)
+    assert ends == pytest.approx([1.0])
+    with pytest.raises(ValueError, match="step_cores"):
+        SharedCoresSpec(cores=2, step_cores=0.9)
 
 
 def test_two_colocated_instances_on_one_core_take_twice_as_long_as_on_two():
