@@ -110,8 +110,10 @@ def fit_step_costs(periods: list[tuple[int, int, float]], curves) -> tuple[float
     size seen in at least MIN_PERIODS steps gives one point, its median (a step that also admitted a request, or
     met a hiccup of the host, is not a decode step's cost), weighted by its count.
     Measured in the server's engine, step by step, where the previous probe fitted client TPOTs through the
-    simulator: that fit read batches the serving path forms one request at a time as whole, and gave
-    -0.76 ms + 0.76 ms per sequence where the steps show +0.3 ms + 0.8 ms (docs/simulator-fidelity.md)."""
+    simulator: that fit read batches the serving path forms one request at a time as whole (and the colocated
+    batch of 8 split over two instances), and gave 0.41 ms per sequence colocated where the traced steps show
+    0.7-0.9 (docs/simulator-fidelity.md). The intercept is often negative: the steps grow faster from batch 1 to 2
+    than beyond."""
     by_batch: dict[int, list[float]] = {}
     for batch, context, period in periods:
         by_batch.setdefault(batch, []).append(period - curves.decode_step_s(batch, context))
