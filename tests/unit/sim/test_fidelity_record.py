@@ -40,20 +40,28 @@ def test_the_record_covers_both_modes_light_load_and_long_outputs():
     assert "measured" in record.hardware_yaml and record.machine
 
 
-def test_the_shared_cores_bring_the_simulator_closer_to_the_recorded_fleet_under_long_outputs():
-    """The recorded profile's shared cores (host_cores, serving_cpu_per_token_s, measured by the probe) against the
-    same profile without them: long outputs keep both engines and the serving path busy on 2 cores."""
+def _replayed(edit) -> tuple[dict, dict]:
+    """The recorded run replayed as recorded, and with its profile changed by edit(the profile's YAML as a dict)."""
     import dataclasses
 
     import yaml
 
     record = FidelityRecord.load(RECORD)
     hardware = yaml.safe_load(record.hardware_yaml)
-    for serving in (s for m in hardware["measured"] for s in m["serving"].values()):
-        assert serving["host_cores"] >= 1 and serving["serving_cpu_per_token_s"] > 0
-        serving["host_cores"] = 0
-    unshared = dataclasses.replace(record, hardware_yaml=yaml.safe_dump(hardware))
-    shared_rows, unshared_rows = simulate_record(record), simulate_record(unshared)
+    edit(hardware)
+    edited = dataclasses.replace(record, hardware_yaml=yaml.safe_dump(hardware))
+    return simulate_record(record), simulate_record(edited)
+
+
+def test_the_shared_cores_bring_the_simulator_closer_to_the_recorded_fleet_under_long_outputs():
+    """The recorded profile's shared cores (host_cores, serving_cpu_per_token_s, measured by the probe) against the
+    same profile without them: long outputs keep both engines and the serving path busy on 2 cores."""
+    def unshare(hardware):
+        for serving in (s for m in hardware["measured"] for s in m["serving"].values()):
+            assert serving["host_cores"] >= 1 and serving["serving_cpu_per_token_s"] > 0
+            serving["host_cores"] = 0
+
+    shared_rows, unshared_rows = _replayed(unshare)
     # (the run recorded 2026-12-04 18:00: 8.7% against 24.4% on cpu-powerlaw-long, 16.5% against 33.2% on cpu-bursty)
     assert mape(shared_rows["cpu-powerlaw-long"]) < 0.8 * mape(unshared_rows["cpu-powerlaw-long"])
     assert mape(shared_rows["cpu-bursty"]) < mape(unshared_rows["cpu-bursty"])
@@ -63,17 +71,12 @@ def test_the_long_prompts_attention_brings_the_simulator_closer_to_the_recorded_
     """The recorded profile's single prompts (what a long prompt's attention adds beyond the curve's short prompts)
     against the same profile read by batched tokens alone: one prompt of 1,500 tokens costs about four times
     the curve's 1,500 tokens as prompts of 64, and the bursty workload's tail is made of such prompts."""
-    import dataclasses
+    def tokens_alone(hardware):
+        for prefill in (m["prefill"] for m in hardware["measured"]):
+            assert len(prefill["single_prompt_tokens"]) >= 3 and prefill["prompt_tokens"] <= 128
+            prefill["single_prompt_tokens"], prefill["single_latency_s"] = [], []
 
-    import yaml
-
-    record = FidelityRecord.load(RECORD)
-    hardware = yaml.safe_load(record.hardware_yaml)
-    for prefill in (m["prefill"] for m in hardware["measured"]):
-        assert len(prefill["single_prompt_tokens"]) >= 3 and prefill["prompt_tokens"] <= 128
-        prefill["single_prompt_tokens"], prefill["single_latency_s"] = [], []
-    tokens_alone = dataclasses.replace(record, hardware_yaml=yaml.safe_dump(hardware))
-    with_attention, without = simulate_record(record), simulate_record(tokens_alone)
+    with_attention, without = _replayed(tokens_alone)
     for workload in with_attention:
         assert mape(with_attention[workload]) < mape(without[workload]), workload
     assert mape(with_attention["cpu-bursty"]) < 0.85 * mape(without["cpu-bursty"])
@@ -83,18 +86,13 @@ def test_a_step_beside_another_engines_costs_step_cores_and_that_brings_the_simu
     """The recorded profile's step_cores (measured: a 512-token prefill beside a decode batch of 4 slower than one
     core per step and the serving path's CPU make it) against one core per step, on the recorded run (2026-12-04
     18:00: 6.7 / 8.7 / 16.5% against 8.9 / 11.9 / 20.5%)."""
-    import dataclasses
+    def one_core(hardware):
+        measured = [s for m in hardware["measured"] for s in m["serving"].values()]
+        assert max(s["step_cores"] for s in measured) > 1.1
+        for serving in measured:
+            serving["step_cores"] = 1.0
 
-    import yaml
-
-    record = FidelityRecord.load(RECORD)
-    hardware = yaml.safe_load(record.hardware_yaml)
-    measured = [s for m in hardware["measured"] for s in m["serving"].values()]
-    assert max(s["step_cores"] for s in measured) > 1.1
-    for serving in measured:
-        serving["step_cores"] = 1.0
-    one_core = dataclasses.replace(record, hardware_yaml=yaml.safe_dump(hardware))
-    with_step_cores, without = simulate_record(record), simulate_record(one_core)
+    with_step_cores, without = _replayed(one_core)
     for workload in with_step_cores:
         assert mape(with_step_cores[workload]) < mape(without[workload]), workload
     assert mape(with_step_cores["cpu-powerlaw-long"]) < 0.85 * mape(without["cpu-powerlaw-long"])
