@@ -128,8 +128,9 @@ def main() -> int:
     curves, model = MeasuredPerfModel(measured, None), MeasuredPerfModel(measured, measured.serving.get(args.mode))
     print(HEADER)
     traces = read_trace(args.trace_dir)
+    passes = {name: intervals(records) for name, records in traces.items()}
     for name, records in traces.items():
-        others = [intervals(r) for n, r in traces.items() if n != name]
+        others = [p for n, p in passes.items() if n != name]
         print_account("all", name, account(records, 0.0, float("inf"), curves, model, others))
     return 0
 

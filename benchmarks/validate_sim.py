@@ -31,8 +31,8 @@ Run: .venv/bin/python benchmarks/validate_sim.py [--workloads cpu-demo,...] [--r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
-import os
 import subprocess
 import sys
 import tempfile
@@ -98,6 +98,46 @@ def sim_terms_ms(run) -> dict[str, float]:
     return {**terms, "rest": ttft - sum(terms.values()), "TTFT": ttft, "TPOT": float(np.nanmean(lat.tpot_s)) * 1e3}
 
 
+def measure_real(root: Path, workloads: list[str], rates: list[float], requests: dict, curves) -> tuple:
+    """Each workload through a real deployment of each mode, its rates one after another: the real latencies and
+    TTFT terms by cell, each cell's span of time.monotonic() (for --step-trace), and the machine's engine speed
+    against the profile around each deployment, by (workload, mode)."""
+    real: dict[tuple, Latencies] = {}
+    real_terms: dict[tuple, dict[str, float]] = {}
+    windows: dict[tuple, tuple[float, float]] = {}
+    speed: dict[tuple, float] = {}
+    for workload in workloads:
+        for mode in MODES:
+            before = speed_ratio(root / "colocated-tp1", curves, SPEED_REPEATS)
+            dep = deployment.up(f"validate-{mode}", ReferenceDeployment(root, mode=mode,
+                                                                        colocated_instances=COLOCATED_INSTANCES),
+                                replace=True)
+            try:
+                first = requests[(workload, rates[0])][0]
+                bench_url(dep.server.grpc_url, [replace(first, request_id="warmup", send_at_s=0.0)], "warmup")
+                # every instance runs the workload's longest prompt once (its first pass over it is ~2x slower)
+                longest = max((r for rate in rates for r in requests[(workload, rate)]),
+                              key=lambda r: r.num_prompt_tokens)
+                warm_every_instance(dep.server.grpc_url, longest.prompt,
+                                    COLOCATED_INSTANCES if mode == "colocated" else 1, max_tokens=2)
+                for rate in rates:
+                    started = time.monotonic()
+                    results = bench_url(dep.server.grpc_url, requests[(workload, rate)], f"{mode} {rate:g}/s")
+                    windows[(workload, rate, mode)] = (started, time.monotonic())
+                    errors = [r.error for r in results if r.error]
+                    if errors:
+                        print(f"{workload} {mode} {rate:g}/s: {len(errors)} errors, e.g. {errors[0]}")
+                    real[(workload, rate, mode)] = real_latencies(results)
+                    real_terms[(workload, rate, mode)] = real_terms_ms(results)
+            finally:
+                deployment.down(dep.name)
+            after = speed_ratio(root / "colocated-tp1", curves, SPEED_REPEATS)
+            speed[(workload, mode)] = float(np.sqrt(before * after))
+            print(f"{workload} {mode}: this machine's engine speed against the profile's: x{before:.2f} before the "
+                  f"deployment, x{after:.2f} after (above 1: slower)")
+    return real, real_terms, windows, speed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="cpu-demo,cpu-powerlaw-long,cpu-bursty")
@@ -139,42 +179,10 @@ def main() -> int:
     cells = [(w, r) for w in workloads for r in rates]
     requests = {c: make_requests(tokenizer, c[0], c[1], args.num_requests, args.seed, 2048) for c in cells}
     arrays = {c: generate_requests(load_workload(c[0]), c[1], args.num_requests, args.seed) for c in cells}
-    real: dict[tuple, Latencies] = {}
-    real_terms: dict[tuple, dict[str, float]] = {}
-    windows: dict[tuple, tuple[float, float]] = {}   # each cell's span of time.monotonic(), for --step-trace
-    if args.step_trace:
-        os.environ[step_trace.ENV] = str(args.step_trace.resolve())   # the server and its stubs inherit it
-    speed: dict[tuple, float] = {}   # (workload, mode): the machine's speed around the deployment, vs the profile
     curves = MeasuredPerfModel(hardware.find_measured("tiny-llama", 1, "fp16"))
-    for workload in workloads:
-        for mode in MODES:
-            before = speed_ratio(root / "colocated-tp1", curves, SPEED_REPEATS)
-            dep = deployment.up(f"validate-{mode}", ReferenceDeployment(root, mode=mode,
-                                                                        colocated_instances=COLOCATED_INSTANCES),
-                                replace=True)
-            try:
-                first = requests[(workload, rates[0])][0]
-                bench_url(dep.server.grpc_url, [replace(first, request_id="warmup", send_at_s=0.0)], "warmup")
-                # every instance runs the workload's longest prompt once (its first pass over it is ~2x slower)
-                longest = max((r for rate in rates for r in requests[(workload, rate)]),
-                              key=lambda r: r.num_prompt_tokens)
-                warm_every_instance(dep.server.grpc_url, longest.prompt,
-                                    COLOCATED_INSTANCES if mode == "colocated" else 1, max_tokens=2)
-                for rate in rates:
-                    started = time.monotonic()
-                    results = bench_url(dep.server.grpc_url, requests[(workload, rate)], f"{mode} {rate:g}/s")
-                    windows[(workload, rate, mode)] = (started, time.monotonic())
-                    errors = [r.error for r in results if r.error]
-                    if errors:
-                        print(f"{workload} {mode} {rate:g}/s: {len(errors)} errors, e.g. {errors[0]}")
-                    real[(workload, rate, mode)] = real_latencies(results)
-                    real_terms[(workload, rate, mode)] = real_terms_ms(results)
-            finally:
-                deployment.down(dep.name)
-            after = speed_ratio(root / "colocated-tp1", curves, SPEED_REPEATS)
-            speed[(workload, mode)] = float(np.sqrt(before * after))
-            print(f"{workload} {mode}: this machine's engine speed against the profile's: x{before:.2f} before the "
-                  f"deployment, x{after:.2f} after (above 1: slower)")
+    # the servers started inside trace their engines (they inherit the environment)
+    with step_trace.tracing(args.step_trace) if args.step_trace else contextlib.nullcontext():
+        real, real_terms, windows, speed = measure_real(root, workloads, rates, requests, curves)
 
     print(f"\n{args.num_requests} requests per cell, seed {args.seed}, SLO TTFT <= {args.ttft_slo_s:g} s, "
           f"TPOT <= {args.tpot_slo_s * 1e3:g} ms; simulated with curves from {hw_path}")
@@ -228,12 +236,13 @@ def print_step_account(folder: Path, windows: dict, hardware) -> None:
     print("\neach cell's engine passes against the perf model (benchmarks/step_account.py): pass = measured in "
           "LlamaModel.forward, curve = the profile alone, charged = what the simulator charges that shape")
     print(step_account.HEADER)
+    curves = MeasuredPerfModel(measured, None)
+    charged = {mode: MeasuredPerfModel(measured, measured.serving.get(mode)) for mode in MODES}
+    passes = {name: step_account.intervals(records) for name, records in traces.items()}
     for (workload, rate, mode), (t0, t1) in windows.items():
-        curves = MeasuredPerfModel(measured, None)
-        charged = MeasuredPerfModel(measured, measured.serving.get(mode))
         for name, records in traces.items():
-            others = [step_account.intervals(r) for n, r in traces.items() if n != name]
-            acc = step_account.account(records, t0, t1, curves, charged, others)
+            others = [p for n, p in passes.items() if n != name]
+            acc = step_account.account(records, t0, t1, curves, charged[mode], others)
             if acc["passes"]:
                 step_account.print_account(f"{workload} {rate:g}/s {mode}", name, acc)
 

@@ -18,7 +18,6 @@ The validation workload (`benchmarks/validate_sim.py`) is a different, loaded sc
 
 from __future__ import annotations
 
-import collections
 import os
 import statistics
 import tempfile
@@ -248,6 +247,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     step_s, per_sequence_s = fit_step_costs(alone, curves)
     profiled_s = curves.prefill_s(LONG_PROMPT_TOKENS, LONG_PROMPT_TOKENS ** 2)
     host_cores = len(os.sched_getaffinity(0))
+
     def alone_s(batch: int, context: int) -> float:   # a decode step alone, as the simulator charges it
         return curves.decode_step_s(batch, context) + step_s + batch * per_sequence_s
 

@@ -121,16 +121,16 @@ class EngineLoop:
             failed = False
             try:
                 self._emit(self._drain())
-                started, started_t_s = time.perf_counter(), time.monotonic()
+                started = time.monotonic()   # the host's one clock: the step trace's times line up across processes
                 outputs = self.engine.step()
-                step_s = time.perf_counter() - started
+                step_s = time.monotonic() - started
                 if outputs:
                     self.num_steps += 1
                     self.busy_s += step_s
                 self._emit(outputs)
                 if outputs and self.trace is not None:
-                    self.trace.write({"kind": "step", "t_s": started_t_s,
-                                      "dt_s": step_s, "emit_s": time.perf_counter() - started - step_s,
+                    self.trace.write({"kind": "step", "t_s": started,
+                                      "dt_s": step_s, "emit_s": time.monotonic() - started - step_s,
                                       "outputs": len(outputs)})
                 if outputs and self.step_delay_s > 0:
                     time.sleep(self.step_delay_s)

@@ -71,7 +71,7 @@ SPEED_PREFILL = ((64,) * 8, (512,))
 def speed_ratio(engine_dir: Path, perf, repeats: int = 10) -> float:
     """How fast this machine runs the engine now against the profile `perf` (the measured curves without serving
     costs: MeasuredPerfModel(profile)): the geometric mean, over a few of the profile's shapes, of the time now over
-    the profile's (above 1: slower now). About a second; benchmarks/validate_sim.py measures it around each real
+    the profile's (above 1: slower now). About a second at 10 repeats; benchmarks/validate_sim.py measures it around each real
     deployment, on a machine whose speed moves by tens of percent between minutes."""
     ratios = [measure_decode_step_s(engine_dir, b, ctx, repeats) / perf.decode_step_s(b, b * ctx)
               for b, ctx in SPEED_DECODE]

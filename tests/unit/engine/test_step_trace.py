@@ -4,8 +4,6 @@ turns of the engine loop are decode steps whose period the serving probe may rea
 import os
 import stat
 
-import pytest
-
 from trtpd.engine import step_trace
 from trtpd.engine.step_trace import decode_periods, shape_of
 
