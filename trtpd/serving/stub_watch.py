@@ -11,7 +11,8 @@ and its in-flight requests never complete. So every trtpd python model registers
   and cleans up when the server is gone, and exits when the stub does;
 - another registered stub of the same server is dead (its pid gone, or reused: start time differs): it
   writes `<state_dir>/deaths.json` (first writer wins), the orchestrator fails its in-flight requests at once
-  (`on_death`), and the detecting stub sends SIGTERM to tritonserver so readiness goes false.
+  (`on_death`), and the detecting stub sends SIGTERM to tritonserver so readiness goes false (`DELIVER_S`
+  after failing requests, so that their errors reach the clients before the endpoints close).
 A role stub leaves the first move to a live orchestrator for `GRACE_S`, so the record counts the failed
 requests. A stub deregisters in `stop()` (its model's finalize), and `<state_dir>/stopping` (written by
 `trtpd down`) silences detection, so an orderly shutdown is never reported as a death.
@@ -40,7 +41,12 @@ DEATHS_FILE = "deaths.json"
 STOPPING_FILE = "stopping"
 STOPPING_MESSAGE = "the deployment is stopping (trtpd down); retry once it is up again"
 POLL_S = 0.25
-GRACE_S = 1.0
+GRACE_S = 2.0
+# between failing the in-flight requests and SIGTERM: tritonserver stops its endpoints as the signal arrives
+# (triton-inference-server/server src/main.cc: StopEndpoints, then TRITONSERVER_ServerStop), and an error response
+# its gRPC frontend has not written to the client yet goes with the stream ("Stream removed (Socket closed)" instead of the death's message, seen
+# once in CI on a loaded 2-core machine)
+DELIVER_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -181,7 +187,9 @@ class StubWatch:
         self._stopping_seen = False
         self.poll_s = poll_s
         self.grace_s = GRACE_S
+        self.deliver_s = DELIVER_S
         self.kill = os.kill      # how the server is signalled (tests replace it)
+        self.sleep = time.sleep
         self.me = register(self.state_dir, model, instance, orchestrator=on_death is not None)
         self._handled = False
         self._first_seen: float | None = None
@@ -253,6 +261,8 @@ class StubWatch:
         failed = self.on_death(message) if self.on_death is not None else None
         if write_private(self.state_dir / DEATHS_FILE, death_record(dead[0], self.me, failed, now), exclusive=True):
             log.error("%s; stopping tritonserver (pid %d)", message, self.me.server_pid)
+            if failed:
+                self.sleep(self.deliver_s)   # the failed requests' errors reach their clients first
             self.kill(self.me.server_pid, signal.SIGTERM)
             if self.kill is os.kill:
                 spawn_reaper(self.me.server_pid)

@@ -107,9 +107,11 @@ def write_entry(state_dir: Path, entry: StubEntry) -> None:
 
 
 def test_orchestrator_fails_its_requests_then_records_and_stops_the_server(tmp_path):
-    failed_with, kills = [], []
-    watch = StubWatch(tmp_path, "disagg_bls", "disagg_bls_0", lambda msg: failed_with.append(msg) or 3, start=False)
-    watch.kill = lambda pid, sig: kills.append((pid, sig))
+    failed_with, kills, events = [], [], []
+    watch = StubWatch(tmp_path, "disagg_bls", "disagg_bls_0",
+                      lambda msg: failed_with.append(msg) or events.append("fail") or 3, start=False)
+    watch.kill = lambda pid, sig: kills.append((pid, sig)) or events.append("SIGTERM")
+    watch.sleep = lambda s: events.append(("wait", s))
     watch.check()
     assert not failed_with and not kills                            # nobody dead yet
     pid, started = dead_pid()
@@ -117,6 +119,9 @@ def test_orchestrator_fails_its_requests_then_records_and_stops_the_server(tmp_p
     watch.check()
     assert failed_with == [f"model 'decode' (stub pid {pid}) died; the deployment is stopping, retry after `trtpd up`"]
     assert kills == [(os.getppid(), signal.SIGTERM)]
+    # the errors get DELIVER_S to reach their clients before tritonserver closes its endpoints (CI saw every
+    # stream end "Stream removed (Socket closed)" when SIGTERM followed the failures at once)
+    assert events == ["fail", ("wait", stub_watch.DELIVER_S), "SIGTERM"] and stub_watch.DELIVER_S >= 0.5
     record = stub_watch.read_death(tmp_path)
     assert record["model"] == "decode" and record["pid"] == pid and record["failed_requests"] == 3
     watch.check()
