@@ -57,17 +57,10 @@ from trtpd.perf.measured import MeasuredPerfModel
 from trtpd.repo.reference import ReferenceDeployment
 from trtpd.sim.cluster_specs import ClusterOptions, options_from_engines
 from trtpd.sim.fidelity import (MODES, FidelityRecord, RecordedCell, cell_rows, mape, mirrored_clusters,
-                                 simulate_record, worst_decisive)
+                                 real_latencies, simulate_record, worst_decisive)
 from trtpd.sim.metrics import Latencies, latencies, summarize
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import generate_requests, load_workload
-
-
-def real_latencies(results) -> Latencies:
-    """The real requests' timings in the simulator's per-request form, so both are judged by one rule."""
-    ttft = np.array([np.nan if r.ttft_s is None else r.ttft_s for r in results], dtype=float)
-    tpot = np.array([np.nan if r.tpot_s is None else r.tpot_s for r in results], dtype=float)
-    return Latencies(ttft, tpot, np.array([r.error is None and r.ttft_s is not None for r in results]))
 
 
 SPEED_REPEATS = 30        # the speed check around each deployment: ~3 s

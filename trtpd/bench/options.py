@@ -18,6 +18,12 @@ class DemoOptions:
     seed: int = 0
     colocated_instances: int = 2
     output: Path = Path("out/demo.json")
+    profile: Path | None = None     # None: measure this machine (`trtpd profile --serving`) into PROFILE_NAME
+    ttft_slo_s: float = 1.0         # the goodput the prediction is judged on (the fidelity benchmark's SLOs)
+    tpot_slo_s: float = 0.04
+
+
+PROFILE_NAME = "cpu-profile.yaml"   # beside the demo's JSON results
 
 
 @dataclass

@@ -132,6 +132,24 @@ def mirrored_clusters(model, hardware, options) -> dict:
             "colocated": replace(colocated_cluster(model, hardware, options), routing="round_robin")}
 
 
+def fleet_clusters(model, hardware, options) -> dict:
+    """The simulated clusters of the gateway's fleets, by mode (what `trtpd demo` runs and the planner plans): the
+    engines' options, every instance its own tritonserver, the colocated instances routed by load as the gateway's
+    routing core routes them (the simulator's default)."""
+    from trtpd.sim.cluster_specs import colocated_cluster, disaggregated_cluster
+
+    return {"disaggregated": disaggregated_cluster(model, hardware, options),
+            "colocated": colocated_cluster(model, hardware, options)}
+
+
+def real_latencies(results) -> Latencies:
+    """Real requests' timings (trtpd.bench.client.RequestResult) in the simulator's per-request form, so both are
+    judged by one rule; a request that failed or never answered has NaN latencies and counts as not completed."""
+    ttft = np.array([np.nan if r.ttft_s is None else r.ttft_s for r in results], dtype=float)
+    tpot = np.array([np.nan if r.tpot_s is None else r.tpot_s for r in results], dtype=float)
+    return Latencies(ttft, tpot, np.array([r.error is None and r.ttft_s is not None for r in results], dtype=bool))
+
+
 def at_speed(hardware, model: str, ratio: float):
     """`hardware` with `model`'s measured curves (prefill, long prompts, decode) times `ratio`: the engine as fast as
     a speed check found the machine (trtpd.engine.profiling.speed_ratio); its serving costs as measured."""
