@@ -42,8 +42,15 @@ def reference_spec(args: argparse.Namespace, mode: str | None = None):
                                colocated_instances=args.colocated_instances)
 
 
-def print_curves_origin(hardware, model_name: str) -> None:
-    """Which machine the simulator's curves come from (trtpd plan and simulate say it under their summary)."""
+def print_curves_origin(hardware, model_name: str, kv_dtype: str | None = None) -> None:
+    """Which machine the simulator's curves come from (trtpd plan and simulate say it under their summary); with
+    `kv_dtype`, only curves measured at it count (the perf model looks them up by model, TP and KV dtype)."""
     from trtpd.perf.hardware import curves_origin
-    origin = curves_origin(hardware, model_name)
-    print(f"  curves: {origin or f'roofline estimate ({hardware.name} has no measured curves for {model_name})'}")
+    origin = curves_origin(hardware, model_name, kv_dtype)
+    if origin is None:
+        other = sorted({p.kv_dtype for p in hardware.measured if p.model == model_name})
+        why = (f"{hardware.name} has curves for {model_name} at {', '.join(other)} KV only, not {kv_dtype}: "
+               f"--kv-dtype {other[0]} uses them" if other else
+               f"{hardware.name} has no measured curves for {model_name}")
+        origin = f"roofline estimate ({why})"
+    print(f"  curves: {origin}")

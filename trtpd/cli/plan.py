@@ -40,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="TP degrees to try (default: 1,2,4,8)")
     p.add_argument("--weight-dtype", choices=("fp32", "fp16", "bf16", "fp8"),
                    help="weight dtype (default: fp8, or the hardware profile's own when it has no fp8 figure)")
-    p.add_argument("--kv-dtype", default="fp8", choices=("fp16", "bf16", "fp8"), help="KV cache dtype")
+    p.add_argument("--kv-dtype", choices=("fp16", "bf16", "fp8"),
+                   help="KV cache dtype (default: fp8, or the KV dtype of the hardware profile's measured curves "
+                        "for the model when it has none at fp8)")
     p.add_argument("--kv-link", default="auto", choices=("auto", "nvlink", "network"),
                    help="auto: NVLink when the plan fits in one node, else the network")
     p.add_argument("--first-token-at", default="decode", choices=("prefill", "decode"),
@@ -116,19 +118,18 @@ def run(args: argparse.Namespace) -> int:
         target = Target(rate_per_s=args.rate_per_s, tokens_per_min=args.tokens_per_min)
     elif not args.max_gpus:
         raise ConfigError("give --rate-per-s or --tokens-per-min (a target), or --max-gpus (a budget)")
-    hardware = load_hardware(args.hardware)
+    hardware, model = load_hardware(args.hardware), resolve_model(args.model)
     space = SearchSpace(tp_prefill=args.tp_prefill, tp_decode=args.tp_decode,
                         weight_dtype=args.weight_dtype or hardware.default_weight_dtype("fp8"),
-                        kv_dtype=args.kv_dtype, kv_link=args.kv_link, first_token_at=args.first_token_at,
-                        max_gpus=args.max_gpus)
-    problem = PlanProblem(resolve_model(args.model), hardware, _workload(args),
-                          _slo(args), target, space)
+                        kv_dtype=args.kv_dtype or hardware.default_kv_dtype(model.name, "fp8"),
+                        kv_link=args.kv_link, first_token_at=args.first_token_at, max_gpus=args.max_gpus)
+    problem = PlanProblem(model, hardware, _workload(args), _slo(args), target, space)
     plan = make_plan(problem, VerifyOptions(enabled=not args.no_verify, num_requests=args.verify_requests,
                                             seed=args.seed, compare_colocated=not args.no_colocated))
     print(plan.to_yaml() if args.yaml else plan_text(plan))
     if not args.yaml:
         from trtpd.cli.common import print_curves_origin
-        print_curves_origin(hardware, problem.model.name)
+        print_curves_origin(hardware, problem.model.name, space.kv_dtype)
     if args.output:
         plan.save(args.output)
         if not args.yaml:

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"simulate: {model.name} on {hardware.name}, workload {workload.name}, {num_requests or 'all'} requests, "
           f"SLO TTFT <= {slo.ttft_s * 1e3:.0f} ms, TPOT <= {slo.tpot_s * 1e3:.0f} ms for {slo.attainment:.0%}")
     from trtpd.cli.common import print_curves_origin
-    print_curves_origin(hardware, model.name)
+    print_curves_origin(hardware, model.name, opts.kv_dtype)
     num_colocated, tp_c = opts.num_colocated_instances, opts.colocated_tp
     print(f"  disaggregated: {opts.num_prefill} prefill (TP{opts.tp_prefill}) + {opts.num_decode} decode "
           f"(TP{opts.tp_decode}) = {opts.num_gpus} GPUs; colocated: {num_colocated} x TP{tp_c} "

@@ -73,6 +73,13 @@ class HardwareProfile(BaseModel):
         return preferred if preferred in self.peak_flops_per_s or not self.peak_flops_per_s \
             else next(iter(self.peak_flops_per_s))
 
+    def default_kv_dtype(self, model: str, preferred: str) -> str:
+        """`preferred` unless this profile measured `model` only at other KV dtypes: then the first of those (a
+        profile from `trtpd profile` on the fp16 reference engines has fp16 curves, and the planner's fp8 default
+        fell back to the roofline beside them)."""
+        kv = [p.kv_dtype for p in self.measured if p.model == model]
+        return preferred if not kv or preferred in kv else kv[0]
+
     def find_measured(self, model: str, tp: int, kv_dtype: str) -> MeasuredProfile | None:
         for profile in self.measured:
             if profile.model == model and profile.tp == tp and profile.kv_dtype == kv_dtype:
@@ -95,10 +102,10 @@ def this_host() -> str:
     return f"{platform.node()} ({cpu}, {cores} cores)"
 
 
-def curves_origin(hardware: HardwareProfile, model: str) -> str | None:
-    """Where `hardware`'s measured curves for `model` come from (each entry's host and date, and whether that is
-    this machine), or None when it has none (the roofline estimate is used)."""
-    entries = [p for p in hardware.measured if p.model == model]
+def curves_origin(hardware: HardwareProfile, model: str, kv_dtype: str | None = None) -> str | None:
+    """Where `hardware`'s measured curves for `model` (at `kv_dtype`, when given) come from (each entry's host and
+    date, and whether that is this machine), or None when it has none (the roofline estimate is used)."""
+    entries = [p for p in hardware.measured if p.model == model and kv_dtype in (None, p.kv_dtype)]
     if not entries:
         return None
     where = sorted({f"{p.host or 'an unnamed host'} at {p.measured_at or 'an unrecorded time'}" for p in entries})

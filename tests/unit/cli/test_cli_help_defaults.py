@@ -36,7 +36,7 @@ def test_every_option_with_a_default_says_so(command):
 
 @pytest.mark.parametrize("command, expected", [
     ("plan", "--weight-dtype {fp32,fp16,bf16,fp8} weight dtype (default: fp8, or the hardware profile's own when it has no fp8 figure)"),
-    ("plan", "--kv-dtype {fp16,bf16,fp8} KV cache dtype (default: fp8)"),
+    ("plan", "--kv-dtype {fp16,bf16,fp8} KV cache dtype (default: fp8, or the KV dtype of the hardware profile's measured curves for the model when it has none at fp8)"),
     ("plan", "configs/workloads name or YAML path (default: chat-powerlaw)"),
     ("plan", "requests per verification run (default: 6000)"),
     ("plan", "T_overhead in the TTFT equation (default: 0.1)"),

@@ -43,3 +43,14 @@ def test_the_default_weight_dtype_is_the_hardwares_own_when_it_lacks_the_preferr
     assert load_hardware("cpu-reference").default_weight_dtype("fp8") == "fp32"
     assert load_hardware("h100-sxm").default_weight_dtype("fp8") == "fp8"
     assert load_hardware("h100-sxm").default_weight_dtype("fp16") == "fp16"
+
+
+def test_curves_at_another_kv_dtype_are_not_the_origin_and_the_default_kv_dtype_is_the_measured_one():
+    """The perf model looks curves up by model, TP and KV dtype: cpu-reference's are fp16, so a plan at fp8 KV ran
+    on the roofline while its report said the curves were measured on a machine."""
+    hardware = load_hardware("cpu-reference")
+    assert curves_origin(hardware, "tiny-llama", "fp16") == curves_origin(hardware, "tiny-llama")
+    assert curves_origin(hardware, "tiny-llama", "fp8") is None
+    assert hardware.default_kv_dtype("tiny-llama", "fp8") == "fp16"
+    assert hardware.default_kv_dtype("llama-2-70b", "fp8") == "fp8"            # no curves for it: as asked
+    assert load_hardware("h100-sxm-aiconfigurator").default_kv_dtype("llama-3.1-70b", "fp8") == "fp8"

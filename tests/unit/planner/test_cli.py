@@ -56,6 +56,22 @@ def test_a_cpu_profile_is_planned_and_simulated_in_its_own_dtype_and_names_its_c
                  "--weight-dtype", "fp8"]) == 3   # asked for by name: still refused
 
 
+def test_a_plan_on_measured_curves_uses_their_kv_dtype_and_one_at_another_says_it_is_the_roofline(capsys):
+    """cpu-reference's curves are fp16 KV: plan's fp8 default planned on the roofline and still said the curves
+    were measured on a machine (`(roofline)` on the role lines above `curves: ... measured on`)."""
+    assert main(["plan", "--model", "tiny-llama", "--hardware", "cpu-reference", "--max-gpus", "2", "--no-verify",
+                 "--no-colocated"]) == 0
+    text = capsys.readouterr().out
+    assert "fp16 KV" in text and "max_input_len 4096 (measured)" in text and "roofline" not in text
+    assert "curves: cpu-reference's curves for tiny-llama were measured on" in text
+    assert main(["plan", "--model", "tiny-llama", "--hardware", "cpu-reference", "--max-gpus", "2", "--no-verify",
+                 "--no-colocated", "--kv-dtype", "fp8"]) == 0
+    text = capsys.readouterr().out
+    assert "max_input_len 4096 (roofline)" in text
+    assert ("curves: roofline estimate (cpu-reference has curves for tiny-llama at fp16 KV only, not fp8: "
+            "--kv-dtype fp16 uses them)") in text
+
+
 def test_a_plan_whose_simulation_failed_does_not_claim_to_sustain_0_requests_per_s(tmp_path, capsys):
     """The planner calibrates its analytic model to the simulation at the target; where the simulation failed with
     a queue that grows without bound, the calibrated model finds no rate at all, and the report said "sustains up
