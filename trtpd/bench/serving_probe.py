@@ -5,7 +5,8 @@ streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trac
 - the decode step's costs (step_overhead_s + per_sequence_step_s x batch): each real decode step's period beyond
   the profile's forward pass at that batch and context, a line against the batch (the response pipeline's work in
   the engine's own process: handing each sequence's token on slows the pass, ~0.8 ms per sequence here),
-- the prefill scale: the prefill compute the engine reports for one long prompt alone, over the profile's,
+- the prefill scale: the prefill compute the engine reports for one long prompt alone, over the same pass timed
+  in this process in turns with it (so that the machine's speed, which moves between minutes, cancels out),
 - a response latency (request path: pre/post-processing, orchestrator, hops): the real TTFT at batch 1 beyond
   the simulated one,
 - the serving path's CPU: while the batch of 8 runs, the CPU the rest of the deployment and the client spend
@@ -85,6 +86,21 @@ def _real_prefill_compute(url: str, prompt: str, rounds: int) -> float:
     return statistics.median(compute)
 
 
+def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Path,
+                          rounds: int) -> tuple[float, float]:
+    """Median seconds of one prompt's prefill pass (`prompt`, `num_tokens` ids) in the server (the compute the engine
+    reports) and of the same pass in this process on the same engine folder, in turns: the machine's speed, which moves by 10-30% between
+    minutes here, is the same for both, so their ratio is the serving process's own (the profile's figure for the
+    prompt was timed minutes before; against it the probe read 0.87 in one run and 1.01 in the next)."""
+    from trtpd.engine.profiling import measure_prefill_s
+
+    served, alone = [], []
+    for _ in range(rounds):
+        alone.append(measure_prefill_s(engine_dir, [num_tokens], 1))
+        served.append(_real_prefill_compute(url, prompt, 1))
+    return statistics.median(served), statistics.median(alone)
+
+
 def warm_every_instance(url: str, prompt: str, num_instances: int, max_tokens: int = 1) -> None:
     """An engine's first pass over a prompt longer than any it has run is slower (measured on a colocated
     instance: 231 ms for 512 tokens, then 97-133 ms): `prompt` runs once on each of the entry role's
@@ -127,14 +143,15 @@ def fit_step_costs(periods: list[tuple[int, int, float]], curves) -> tuple[float
     return float(step), float(max(0.0, per_sequence))
 
 
-def fit_prefill_scale(real_compute_s: float, profiled_s: float) -> float:
-    """How much longer the engine's prefill pass takes in the server than in the profile: the prefill compute the
-    engine reported for a prompt alone in its batch over the profile's figure for that prompt. (Not from the
+def fit_prefill_scale(real_compute_s: float, in_process_s: float) -> float:
+    """How much longer the engine's prefill pass takes in the server than in-process: the prefill compute the
+    engine reported for a prompt alone in its batch over the same pass timed in-process (in turns with it,
+    _prefill_side_by_side). (Not from the
     batch of 8: the serving path hands those to the engine one by one, so the engine's batches are not the ones
     the profile would predict, and their means would mix the batching into the scale.)"""
-    if profiled_s <= 0:
-        raise ValueError(f"the profile's prefill is {profiled_s} s: its prefill curve is empty")
-    return real_compute_s / profiled_s
+    if in_process_s <= 0:
+        raise ValueError(f"the prefill pass timed in-process took {in_process_s} s")
+    return real_compute_s / in_process_s
 
 
 def _with_serving(hardware: HardwareProfile, mode: str, overhead: ServingOverhead) -> HardwareProfile:
@@ -224,7 +241,9 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             run_stream(url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
             real1 = _real(url, prompts[:1], rounds)
             warm_every_instance(url, long_prompt, 1)
-            real_prefill_s = _real_prefill_compute(url, long_prompt, LONG_PROMPT_ROUNDS)
+            real_prefill_s, in_process_s = _prefill_side_by_side(
+                url, long_prompt, LONG_PROMPT_TOKENS, build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1",
+                LONG_PROMPT_ROUNDS)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = _serving_cpu(dep)
@@ -268,7 +287,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     step_cores = fit_step_cores(slowdown, host_cores, serving_cores)
     overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=cpu_per_token_s,
                                step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
-                               prefill_compute_scale=fit_prefill_scale(real_prefill_s, profiled_s))
+                               prefill_compute_scale=fit_prefill_scale(real_prefill_s, in_process_s))
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
 
     def simulated(batch: int) -> tuple[float, float]:
@@ -285,7 +304,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
              f"TTFT real {real1[0] * 1e3:.1f} vs simulated {sim1[0] * 1e3:.1f} ms -> response "
              f"+{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU {cpu_per_token_s * 1e3:.2f} ms per "
              f"token on {host_cores} shared cores; one prompt of {LONG_PROMPT_TOKENS} tokens: prefill "
-             f"{real_prefill_s * 1e3:.1f} ms in the server, {profiled_s * 1e3:.1f} profiled -> "
+             f"{real_prefill_s * 1e3:.1f} ms in the server, {in_process_s * 1e3:.1f} in this process in turns with it "
+             f"(the profile's {profiled_s * 1e3:.1f}) -> "
              f"x{overhead.prefill_compute_scale:.2f}; {beside}: x{slowdown:.2f} its time alone (one core per step "
              f"and the serving path's {serving_cores:.2f} cores make "
              f"x{max(1.0, (2 + serving_cores) / host_cores):.2f}) -> {step_cores:.2f} cores per step")

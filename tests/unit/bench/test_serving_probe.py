@@ -51,14 +51,14 @@ def test_batch_sizes_seen_in_a_few_steps_only_are_left_out_and_one_batch_size_is
         fit_step_costs(_periods(0.0, 0.0008, {1: 40, 3: 2}), CURVES)
 
 
-def test_the_prefill_scale_is_the_servers_prefill_compute_over_the_profiles_and_the_model_applies_it():
+def test_the_prefill_scale_is_the_servers_prefill_compute_over_the_same_pass_in_process_and_the_model_applies_it():
     from trtpd.bench.serving_probe import fit_prefill_scale
     from trtpd.perf.measured import DecodeGrid, MeasuredPerfModel, MeasuredProfile, PrefillCurve
 
-    # the server reported 120 ms of prefill compute for a prompt the profile puts at 100 ms
+    # the server reported 120 ms of prefill compute for a prompt whose pass took 100 ms in-process beside it
     scale = fit_prefill_scale(0.120, 0.100)
     assert scale == pytest.approx(1.2)
-    with pytest.raises(ValueError, match="prefill curve"):
+    with pytest.raises(ValueError, match="in-process took 0.0 s"):
         fit_prefill_scale(0.01, 0.0)
     profile = MeasuredProfile(
         model="m", decode=DecodeGrid(batch_sizes=[1], context_lens=[64], step_latency_s=[[0.002]]),
@@ -90,3 +90,23 @@ def test_the_cores_a_step_takes_beside_another_give_back_the_measured_slowdown_o
     # what one core per step already makes (or a host with cores to spare) needs nothing more
     assert fit_step_cores(1.30, 2, 0.64) == 1.0
     assert fit_step_cores(1.02, 8, 0.64) == 1.0
+
+
+def test_the_prefill_scale_is_timed_in_turns_so_the_machines_speed_cancels(monkeypatch, tmp_path):
+    """The machine's speed moves between minutes: the probe read 0.87 against the profile's figure in one run and
+    1.01 in the next. Timed in turns with the same pass in-process, a server 1.1x slower than in-process reads 1.1
+    whatever the speed does from round to round."""
+    from trtpd.bench import serving_probe
+    from trtpd.engine import profiling
+
+    speeds = iter([1.0, 1.0, 0.8, 0.8, 1.3, 1.3, 0.9, 0.9, 0.85, 0.85])   # each round's pair shares its speed
+    calls = []
+    monkeypatch.setattr(profiling, "measure_prefill_s",
+                        lambda d, lens, repeats=3: calls.append(("in-process", d, tuple(lens))) or 0.1 * next(speeds))
+    monkeypatch.setattr(serving_probe, "_real_prefill_compute",
+                        lambda url, prompt, rounds: calls.append(("server", url, rounds)) or 0.11 * next(speeds))
+    served, alone = serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 5)
+    assert serving_probe.fit_prefill_scale(served, alone) == pytest.approx(1.1)
+    assert calls[:2] == [("in-process", tmp_path, (512,)), ("server", "url", 1)] and len(calls) == 10
+    # against a figure timed at speed 1.0, the same server read 0.11 * 0.85 / 0.1: the drift, not the server
+    assert serving_probe.fit_prefill_scale(0.11 * 0.85, 0.1) == pytest.approx(0.935)
