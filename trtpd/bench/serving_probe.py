@@ -7,8 +7,8 @@ streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trac
   the engine's own process: handing each sequence's token on slows the pass, ~0.8 ms per sequence here),
 - the prefill scale: the prefill compute the engine reports for one long prompt alone, over the same pass timed
   in this process in turns with it (so that the machine's speed, which moves between minutes, cancels out),
-- a response latency (request path: pre/post-processing, orchestrator, hops): the real TTFT at batch 1 beyond
-  the simulated one,
+- a response latency (request path: pre/post-processing, orchestrator, hops): lone requests' real TTFT beyond
+  the simulated one, the median over both prompt lengths,
 - the serving path's CPU: while the batch of 8 runs, the CPU the rest of the deployment and the client spend
   (every process of the server's group but the engines' stubs, and this process, which is the client then) is
   read from /proc; per streamed token, it is the serving path's share of the host's cores, which the simulator's
@@ -49,7 +49,8 @@ from trtpd.sim.workload import RequestArrays
 
 PROMPT_TOKENS, OUTPUT_TOKENS, BIG_BATCH = 100, 64, 8
 LONG_PROMPT_TOKENS = 512   # the prefill scale's scenario: one such prompt at a time (~0.1 s of one engine's compute)
-LONG_PROMPT_ROUNDS = 5     # its median
+LONG_PROMPT_ROUNDS = 5     # its median beside a decode batch (step_cores)
+LONE_ROUNDS = 6            # lone requests of each length (PROMPT_TOKENS, LONG_PROMPT_TOKENS): the response latency
 ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stubs run the engines (repo/reference.py)
 MIN_PERIODS = 10            # decode steps at one batch size for its point on the step costs' line
 STEP_BATCHES = (2, 4)       # with 1 and BIG_BATCH: the batch sizes the step costs' line goes through
@@ -59,8 +60,9 @@ PAIR_SPACING_S = 0.02       # between the requests for two colocated instances, 
 CONTENTION_SETTLE_S = 0.3   # the batch is formed (its requests admitted one by one) before anything is timed
 
 
-def _real(url: str, prompts: list[str], rounds: int, output_tokens: int = OUTPUT_TOKENS) -> tuple[float, float]:
-    """Median TTFT and TPOT over `rounds` rounds of len(prompts) requests sent at once."""
+def _real_samples(url: str, prompts: list[str], rounds: int,
+                  output_tokens: int = OUTPUT_TOKENS) -> tuple[list[float], list[float]]:
+    """Every request's TTFT and TPOT over `rounds` rounds of len(prompts) requests sent at once."""
     ttft, tpot = [], []
     for r in range(rounds):
         reqs = [BenchRequest(f"probe-{len(prompts)}-{r}-{i}", p, output_tokens, 0.0) for i, p in enumerate(prompts)]
@@ -69,12 +71,19 @@ def _real(url: str, prompts: list[str], rounds: int, output_tokens: int = OUTPUT
                 raise RuntimeError(f"serving probe request failed: {res.error}")
             ttft.append(res.ttft_s)
             tpot.append(res.tpot_s)
+    return ttft, tpot
+
+
+def _real(url: str, prompts: list[str], rounds: int, output_tokens: int = OUTPUT_TOKENS) -> tuple[float, float]:
+    """Median TTFT and TPOT over `rounds` rounds of len(prompts) requests sent at once."""
+    ttft, tpot = _real_samples(url, prompts, rounds, output_tokens)
     return statistics.median(ttft), statistics.median(tpot)
 
 
-def _real_prefill_compute(url: str, prompt: str, rounds: int) -> float:
+def _real_prefill_compute(url: str, prompt: str, rounds: int, ttfts: list[float] | None = None) -> float:
     """Median prefill compute the engine reports (its perf output, PERF_OUTPUTS) for one prompt at a time: each
-    request alone in its batch, so that the pass is the one the profile timed."""
+    request alone in its batch, so that the pass is the one the profile timed. Each request's TTFT is appended to
+    `ttfts` when given."""
     compute = []
     for r in range(rounds):
         (res,) = run_stream(url, [BenchRequest(f"probe-long-{r}", prompt, 1, 0.0)])
@@ -83,11 +92,13 @@ def _real_prefill_compute(url: str, prompt: str, rounds: int) -> float:
         if "prefill_compute_ms" not in res.perf:
             raise RuntimeError("serving probe: the response carries no prefill_compute_ms perf output")
         compute.append(res.perf["prefill_compute_ms"] / 1e3)
+        if ttfts is not None:
+            ttfts.append(res.ttft_s)
     return statistics.median(compute)
 
 
-def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Path,
-                          rounds: int) -> tuple[float, float]:
+def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Path, rounds: int,
+                          ttfts: list[float] | None = None) -> tuple[float, float]:
     """Median seconds of one prompt's prefill pass (`prompt`, `num_tokens` ids) in the server (the compute the engine
     reports) and of the same pass in this process on the same engine folder, in turns: the machine's speed, which moves by 10-30% between
     minutes here, is the same for both, so their ratio is the serving process's own (the profile's figure for the
@@ -97,7 +108,7 @@ def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Pa
     served, alone = [], []
     for _ in range(rounds):
         alone.append(measure_prefill_s(engine_dir, [num_tokens], 1))
-        served.append(_real_prefill_compute(url, prompt, 1))
+        served.append(_real_prefill_compute(url, prompt, 1, ttfts))
     return statistics.median(served), statistics.median(alone)
 
 
@@ -110,6 +121,12 @@ def warm_every_instance(url: str, prompt: str, num_instances: int, max_tokens: i
         (res,) = run_stream(url, [BenchRequest(f"warmup-long-{i}", prompt, max_tokens, 0.0)])
         if res.error:
             raise RuntimeError(f"warm-up request failed: {res.error}")
+
+
+def _simulated_ttft(cluster, prompt_tokens: int, output_tokens: int) -> float:
+    """The simulated TTFT of one request alone."""
+    lat = latencies(simulate(cluster, RequestArrays([0.0], [prompt_tokens], [output_tokens])), warmup_fraction=0.0)
+    return float(lat.ttft_s[0])
 
 
 def _simulated(cluster, batch: int) -> tuple[float, float]:
@@ -141,6 +158,16 @@ def fit_step_costs(periods: list[tuple[int, int, float]], curves) -> tuple[float
     per_sequence, step = np.polyfit(batches, [points[b][0] for b in batches], 1,
                                     w=[np.sqrt(points[b][1]) for b in batches])
     return float(step), float(max(0.0, per_sequence))
+
+
+def fit_response_latency(lone: list[tuple[float, float]]) -> float:
+    """The serving path's time around a request (pre/post-processing, the orchestrator, Triton's hops): the median,
+    over lone requests (nothing else in the server), of the real TTFT beyond the simulated one for that request
+    without any response latency; (real, simulated) pairs, seconds. Pooled over two prompt lengths (100 and 512
+    tokens), LONE_ROUNDS of each: three requests of one length read 7.8 ms in one run and 20.7 ms in another."""
+    if not lone:
+        raise ValueError("no lone request to read the response latency from")
+    return max(0.0, float(statistics.median(real - sim for real, sim in lone)))
 
 
 def fit_prefill_scale(real_compute_s: float, in_process_s: float) -> float:
@@ -239,11 +266,13 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             url = dep.server.grpc_url
             # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the costs)
             run_stream(url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
-            real1 = _real(url, prompts[:1], rounds)
+            ttft1, tpot1 = _real_samples(url, prompts[:1], LONE_ROUNDS)
+            real1 = statistics.median(ttft1), statistics.median(tpot1)
             warm_every_instance(url, long_prompt, 1)
+            ttft_long: list[float] = []
             real_prefill_s, in_process_s = _prefill_side_by_side(
                 url, long_prompt, LONG_PROMPT_TOKENS, build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1",
-                LONG_PROMPT_ROUNDS)
+                LONE_ROUNDS, ttft_long)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = _serving_cpu(dep)
@@ -295,14 +324,19 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         return _simulated(replace(make(model, hw, opts), response_latency_s=0.0), batch)
 
     sim1 = simulated(1)
-    overhead = overhead.model_copy(update={"response_latency_s": max(0.0, real1[0] - sim1[0])})
+    sim_long = _simulated_ttft(replace(make(model, _with_serving(hardware, mode, overhead), opts),
+                                       response_latency_s=0.0), LONG_PROMPT_TOKENS, 1)
+    response_s = fit_response_latency([(t, sim1[0]) for t in ttft1] + [(t, sim_long) for t in ttft_long])
+    overhead = overhead.model_copy(update={"response_latency_s": response_s})
     sim8 = simulated(BIG_BATCH)
     progress(f"serving ({mode}): decode steps in the server {step_s * 1e3:+.2f} ms + {per_sequence_s * 1e3:.2f} ms per "
              f"sequence beyond the profile's pass ({len(alone)} steps at batches "
              f"{', '.join(map(str, sorted({p[0] for p in alone})))}), so TPOT at 1/{BIG_BATCH} real "
              f"{real1[1] * 1e3:.2f}/{real8[1] * 1e3:.2f} vs simulated {sim1[1] * 1e3:.2f}/{sim8[1] * 1e3:.2f} ms; "
-             f"TTFT real {real1[0] * 1e3:.1f} vs simulated {sim1[0] * 1e3:.1f} ms -> response "
-             f"+{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU {cpu_per_token_s * 1e3:.2f} ms per "
+             f"lone requests' TTFT beyond the simulated: {PROMPT_TOKENS} tokens +"
+             f"{(real1[0] - sim1[0]) * 1e3:.1f} ms ({real1[0] * 1e3:.1f} real, median of {len(ttft1)}), "
+             f"{LONG_PROMPT_TOKENS} tokens +{(statistics.median(ttft_long) - sim_long) * 1e3:.1f} ms (of "
+             f"{len(ttft_long)}) -> response +{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU {cpu_per_token_s * 1e3:.2f} ms per "
              f"token on {host_cores} shared cores; one prompt of {LONG_PROMPT_TOKENS} tokens: prefill "
              f"{real_prefill_s * 1e3:.1f} ms in the server, {in_process_s * 1e3:.1f} in this process in turns with it "
              f"(the profile's {profiled_s * 1e3:.1f}) -> "

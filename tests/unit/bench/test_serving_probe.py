@@ -104,9 +104,21 @@ def test_the_prefill_scale_is_timed_in_turns_so_the_machines_speed_cancels(monke
     monkeypatch.setattr(profiling, "measure_prefill_s",
                         lambda d, lens, repeats=3: calls.append(("in-process", d, tuple(lens))) or 0.1 * next(speeds))
     monkeypatch.setattr(serving_probe, "_real_prefill_compute",
-                        lambda url, prompt, rounds: calls.append(("server", url, rounds)) or 0.11 * next(speeds))
+                        lambda url, prompt, rounds, ttfts=None: calls.append(("server", url, rounds)) or 0.11 * next(speeds))
     served, alone = serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 5)
     assert serving_probe.fit_prefill_scale(served, alone) == pytest.approx(1.1)
     assert calls[:2] == [("in-process", tmp_path, (512,)), ("server", "url", 1)] and len(calls) == 10
     # against a figure timed at speed 1.0, the same server read 0.11 * 0.85 / 0.1: the drift, not the server
     assert serving_probe.fit_prefill_scale(0.11 * 0.85, 0.1) == pytest.approx(0.935)
+
+
+def test_the_response_latency_is_the_median_over_lone_requests_of_both_lengths():
+    from trtpd.bench.serving_probe import fit_response_latency
+
+    # (real TTFT, simulated without response latency): a slow outlier and a fast one do not move the median
+    lone = [(0.040, 0.020), (0.041, 0.020), (0.090, 0.020), (0.039, 0.020), (0.130, 0.112), (0.133, 0.112),
+            (0.131, 0.112), (0.112, 0.112)]
+    assert fit_response_latency(lone) == pytest.approx(0.0195)
+    assert fit_response_latency([(0.010, 0.020)]) == 0.0          # never negative
+    with pytest.raises(ValueError, match="no lone request"):
+        fit_response_latency([])
