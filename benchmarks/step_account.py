@@ -109,6 +109,47 @@ def print_account(label: str, engine: str, acc: dict) -> None:
               f"{acc['busy_gap_s'] / max(1, acc['busy_gaps']) * 1e3:.2f} ms ({acc['busy_gaps']} gaps)")
 
 
+def request_path(traces: dict[str, list[dict]], results, mode: str) -> dict[str, float] | None:
+    """Each request's TTFT split at the engines' traced hand-overs (their "submit" and "first" records): intake (the
+    client sent it -> the serving path handed it to its first engine), engines (-> the engine that answers the
+    first token, decode or colocated, handed that token on), egress (-> the client had it). A request is matched to
+    the first hand-over of its prompt length after it was sent (disaggregated: then decode's after prefill's).
+    Medians in ms and the number matched; None when none was."""
+    entry_role, answer_role = ("prefill", "decode") if mode == "disaggregated" else ("colocated", "colocated")
+
+    def records(role: str, kind: str) -> list[dict]:
+        return sorted((r for name, recs in traces.items() if name.startswith(f"{role}-") for r in recs
+                       if r["kind"] == kind), key=lambda r: r["t_s"])
+
+    entries, answers = records(entry_role, "submit"), records(answer_role, "submit")
+    first_s = {r["id"]: r["t_s"] for r in records(answer_role, "first")}
+    used: set[int] = set()
+
+    def match(candidates: list[dict], tokens: int, after_s: float) -> dict | None:
+        for c in candidates:
+            if c["prompt_tokens"] == tokens and c["t_s"] >= after_s and id(c) not in used:
+                used.add(id(c))
+                return c
+        return None
+
+    parts: dict[str, list[float]] = {"intake": [], "engines": [], "egress": [], "TTFT": []}
+    for r in results:
+        if r.error or not r.token_times_s:
+            continue
+        entry = match(entries, r.num_prompt_tokens, r.sent_s)
+        answer = entry if entry is None or entry_role == answer_role else match(answers, r.num_prompt_tokens,
+                                                                                entry["t_s"])
+        if answer is None or answer["id"] not in first_s:
+            continue
+        parts["intake"].append(entry["t_s"] - r.sent_s)
+        parts["engines"].append(first_s[answer["id"]] - entry["t_s"])
+        parts["egress"].append(r.token_times_s[0] - first_s[answer["id"]])
+        parts["TTFT"].append(r.ttft_s)
+    if not parts["TTFT"]:
+        return None
+    return {**{k: float(np.median(v)) * 1e3 for k, v in parts.items()}, "matched": len(parts["TTFT"])}
+
+
 HEADER = (f"{'cell':<34} {'engine':<20} {'shape':<8} {'passes':>6} {'batch':>6} {'pass ms':>8} {'curve':>8} "
           f"{'charged':>8} {'vs crv':>7} {'chg-pass':>7}  {'pass/curve alone':>16}  {'beside others':>13}")
 

@@ -99,6 +99,7 @@ def measure_real(root: Path, workloads: list[str], rates: list[float], requests:
     real_terms: dict[tuple, dict[str, float]] = {}
     windows: dict[tuple, tuple[float, float]] = {}
     speed: dict[tuple, float] = {}
+    raw: dict[tuple, list] = {}
     for workload in workloads:
         for mode in MODES:
             before = speed_ratio(root / "colocated-tp1", curves, SPEED_REPEATS)
@@ -121,6 +122,7 @@ def measure_real(root: Path, workloads: list[str], rates: list[float], requests:
                     if errors:
                         print(f"{workload} {mode} {rate:g}/s: {len(errors)} errors, e.g. {errors[0]}")
                     real[(workload, rate, mode)] = real_latencies(results)
+                    raw[(workload, rate, mode)] = results
                     real_terms[(workload, rate, mode)] = real_terms_ms(results)
             finally:
                 deployment.down(dep.name)
@@ -128,7 +130,7 @@ def measure_real(root: Path, workloads: list[str], rates: list[float], requests:
             speed[(workload, mode)] = float(np.sqrt(before * after))
             print(f"{workload} {mode}: this machine's engine speed against the profile's: x{before:.2f} before the "
                   f"deployment, x{after:.2f} after (above 1: slower)")
-    return real, real_terms, windows, speed
+    return real, real_terms, windows, speed, raw
 
 
 def main() -> int:
@@ -175,7 +177,7 @@ def main() -> int:
     curves = MeasuredPerfModel(hardware.find_measured("tiny-llama", 1, "fp16"))
     # the servers started inside trace their engines (they inherit the environment)
     with step_trace.tracing(args.step_trace) if args.step_trace else contextlib.nullcontext():
-        real, real_terms, windows, speed = measure_real(root, workloads, rates, requests, curves)
+        real, real_terms, windows, speed, raw = measure_real(root, workloads, rates, requests, curves)
 
     print(f"\n{args.num_requests} requests per cell, seed {args.seed}, SLO TTFT <= {args.ttft_slo_s:g} s, "
           f"TPOT <= {args.tpot_slo_s * 1e3:g} ms; simulated with curves from {hw_path}")
@@ -220,7 +222,25 @@ def main() -> int:
         print_account(real_terms, sim_terms)
     if args.step_trace:
         print_step_account(args.step_trace, windows, hardware)
+        print_request_path(args.step_trace, raw, clusters)
     return 0
+
+
+def print_request_path(folder: Path, raw: dict, clusters: dict) -> None:
+    """Each cell's median TTFT split at the engines' hand-overs (step_account.request_path) beside the simulator's
+    constant response latency, which stands for intake plus egress."""
+    traces = step_trace.read_trace(folder)
+    print("\neach cell's TTFT at the engines' hand-overs, medians in ms: intake = sent -> handed to the first engine, "
+          "engines -> the first token handed on, egress -> the client had it; the simulator's response latency "
+          "stands for intake + egress")
+    for (workload, rate, mode), results in raw.items():
+        path = step_account.request_path(traces, results, mode)
+        if path is None:
+            print(f"{workload:<18} {rate:>4g} {mode:<14} no request matched its engines' records")
+            continue
+        print(f"{workload:<18} {rate:>4g} {mode:<14} intake {path['intake']:6.1f}  engines {path['engines']:6.1f}  "
+              f"egress {path['egress']:6.1f}  (TTFT {path['TTFT']:6.1f}; {path['matched']} of {len(results)} "
+              f"matched); simulated response latency {clusters[mode].response_latency_s * 1e3:.1f}")
 
 
 def print_step_account(folder: Path, windows: dict, hardware) -> None:

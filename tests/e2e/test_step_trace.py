@@ -47,4 +47,14 @@ def test_a_traced_engine_records_each_pass_rows_and_each_turn_on_the_hosts_clock
     assert sum(s["outputs"] for s in steps) == sum(tokens.values())
     for f in forwards:   # every pass inside the turn of the loop that ran it
         assert any(s["t_s"] <= f["t_s"] and f["t_s"] + f["dt_s"] <= s["t_s"] + s["dt_s"] for s in steps), f
+    # each request handed to the engine once with its prompt, its first token handed on once, after its prompt's
+    # pass and before the client had it (the client's clock is the same: time.perf_counter is CLOCK_MONOTONIC)
+    submits = {r["id"]: r for r in records if r["kind"] == "submit"}
+    firsts = {r["id"]: r for r in records if r["kind"] == "first"}
+    assert sorted(r["prompt_tokens"] for r in submits.values()) == sorted(lengths) and set(firsts) == set(submits)
+    assert len([r for r in records if r["kind"] == "first"]) == len(lengths)
+    for n, result in zip(lengths, results):
+        (sub,) = [r for r in submits.values() if r["prompt_tokens"] == n]
+        prompt_pass = next(f for f in forwards if [n, 0] in f["rows"])
+        assert result.sent_s < sub["t_s"] < prompt_pass["t_s"] < firsts[sub["id"]]["t_s"] < result.token_times_s[0]
     assert step_trace.ENV not in os.environ

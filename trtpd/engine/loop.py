@@ -42,6 +42,7 @@ class EngineLoop:
         self.num_steps = 0
         self.busy_s = 0.0
         self.trace = trace_for(name)   # None unless TRTPD_STEP_TRACE_DIR is set
+        self._answered: set[str] = set()   # traced requests whose first token was handed on
         if self.trace is not None and getattr(engine, "model", None) is not None:
             engine.model.trace = self.trace
         engine.bind(EngineHooks(wakeup=self.wakeup, emit=self._emit))
@@ -49,6 +50,9 @@ class EngineLoop:
         self._thread.start()
 
     def submit(self, request: EngineRequest) -> None:
+        if self.trace is not None:   # when the serving path handed the request over (its intake ends here)
+            self.trace.write({"kind": "submit", "t_s": time.monotonic(), "id": request.request_id,
+                              "prompt_tokens": len(request.prompt_token_ids)})
         with self._cond:
             self._inbox.append(request)
             self._cond.notify()
@@ -112,6 +116,12 @@ class EngineLoop:
                 self.on_output(out)
             except Exception:  # a broken response channel must not stop the engine
                 log.exception("delivering output for request %s failed", out.request_id)
+            if self.trace is not None and out.new_token_ids and out.request_id not in self._answered:
+                # its first token handed to the serving path (the egress starts here)
+                self._answered.add(out.request_id)
+                self.trace.write({"kind": "first", "t_s": time.monotonic(), "id": out.request_id})
+            if out.finished:
+                self._answered.discard(out.request_id)
 
     def _run(self) -> None:
         while True:

@@ -6,7 +6,10 @@ one JSON line per forward pass and per loop step to `<dir>/<name>-<pid>.jsonl`:
   LlamaModel.forward, its sequences' new tokens and where each starts (a prefill's start_pos is 0 or its reused
   prefix, a decode row's new_tokens is 1),
 - {"kind": "step", "t_s": start, "dt_s": the engine's step, "emit_s": handing its outputs on, "outputs": n}: one
-  turn of the engine loop that produced output (trtpd/engine/loop.py).
+  turn of the engine loop that produced output (trtpd/engine/loop.py),
+- {"kind": "submit", "t_s": when the serving path handed the request to the engine, "id", "prompt_tokens"} and
+  {"kind": "first", "t_s": when the engine handed its first token on, "id"}: where a request's time outside the
+  engine goes (benchmarks/step_account.py request_path).
 Times are time.monotonic() seconds (one clock for every process of the host). `trtpd profile --serving` fits the
 decode step's serving costs from it (trtpd/bench/serving_probe.py); benchmarks/validate_sim.py --step-trace holds
 a real run's passes against the perf model the simulator uses.
