@@ -182,15 +182,17 @@ def main() -> int:
     print(f"\n{args.num_requests} requests per cell, seed {args.seed}, SLO TTFT <= {args.ttft_slo_s:g} s, "
           f"TPOT <= {args.tpot_slo_s * 1e3:g} ms; simulated with curves from {hw_path}")
     print(f"{'workload':<18} {'rate':>4} {'mode':<14} {'metric':<10} {'real':>9} {'sim':>9} {'error':>7}")
-    worst, summary, sim_terms, recorded = 0.0, {}, {}, []
+    worst, summary, sim_terms, recorded, sim_ttft_ms = 0.0, {}, {}, [], {}
     for workload in workloads:
         rows_of_workload = []
         for rate in rates:
             for mode in MODES:
                 run = simulate(clusters[mode], arrays[(workload, rate)])
                 sim_terms[(workload, rate, mode)] = sim_terms_ms(run)
+                sim = latencies(run, warmup_fraction=0.0)
+                sim_ttft_ms[(workload, rate, mode)] = float(np.nanmedian(sim.ttft_s) * 1e3)
                 obs = real[(workload, rate, mode)]
-                rows = cell_rows(obs, latencies(run, warmup_fraction=0.0), rate, args.ttft_slo_s, args.tpot_slo_s)
+                rows = cell_rows(obs, sim, rate, args.ttft_slo_s, args.tpot_slo_s)
                 rows_of_workload += rows
                 for row in rows:
                     print(f"{workload:<18} {rate:>4g} {mode:<14} {row.name:<10} {row.real:>9.1f} {row.sim:>9.1f} "
@@ -222,25 +224,29 @@ def main() -> int:
         print_account(real_terms, sim_terms)
     if args.step_trace:
         print_step_account(args.step_trace, windows, hardware)
-        print_request_path(args.step_trace, raw, clusters)
+        print_request_path(args.step_trace, raw, clusters, sim_ttft_ms)
     return 0
 
 
-def print_request_path(folder: Path, raw: dict, clusters: dict) -> None:
-    """Each cell's median TTFT split at the engines' hand-overs (step_account.request_path) beside the simulator's
-    constant response latency, which stands for intake plus egress."""
+def print_request_path(folder: Path, raw: dict, clusters: dict, sim_ttft_ms: dict) -> None:
+    """Each cell's median TTFT split at the engines' hand-overs (step_account.request_path) beside the simulator's:
+    its constant response latency stands for intake plus egress (and, disaggregated, the orchestrator's hop from
+    prefill to decode, which the real split counts in "engines"), the rest of its median TTFT for the engines."""
     traces = step_trace.read_trace(folder)
     print("\neach cell's TTFT at the engines' hand-overs, medians in ms: intake = sent -> handed to the first engine, "
           "engines -> the first token handed on, egress -> the client had it; the simulator's response latency "
           "stands for intake + egress")
-    for (workload, rate, mode), results in raw.items():
+    for key, results in raw.items():
+        workload, rate, mode = key
         path = step_account.request_path(traces, results, mode)
+        response_ms = clusters[mode].response_latency_s * 1e3
         if path is None:
             print(f"{workload:<18} {rate:>4g} {mode:<14} no request matched its engines' records")
             continue
         print(f"{workload:<18} {rate:>4g} {mode:<14} intake {path['intake']:6.1f}  engines {path['engines']:6.1f}  "
               f"egress {path['egress']:6.1f}  (TTFT {path['TTFT']:6.1f}; {path['matched']} of {len(results)} "
-              f"matched); simulated response latency {clusters[mode].response_latency_s * 1e3:.1f}")
+              f"matched); simulated: response {response_ms:.1f}, engines {sim_ttft_ms[key] - response_ms:.1f} "
+              f"(TTFT {sim_ttft_ms[key]:.1f})")
 
 
 def print_step_account(folder: Path, windows: dict, hardware) -> None:

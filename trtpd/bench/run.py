@@ -127,10 +127,9 @@ def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Ben
     _print_prediction(console, prediction, opts, hw_path)
     console.print(f"  main job took {time.perf_counter() - started:.1f} s")
     opts.output.parent.mkdir(parents=True, exist_ok=True)
-    opts.output.write_text(json.dumps({**{m: s.to_dict() for m, s in summaries.items()},
-                                       "prediction": {"profile": str(hw_path),
-                                                      "curves": curves_origin(hardware, opts.model),
-                                                      **{m: [asdict(r) for r in rows] for m, rows in prediction.items()}}},
+    predicted = {"profile": str(hw_path), "curves": curves_origin(hardware, opts.model),
+                 **{m: [asdict(r) for r in rows] for m, rows in prediction.items()}}
+    opts.output.write_text(json.dumps({**{m: s.to_dict() for m, s in summaries.items()}, "prediction": predicted},
                                       indent=2))
     console.print(f"  results written to {opts.output}")
     return summaries

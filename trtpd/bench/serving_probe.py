@@ -100,9 +100,10 @@ def _real_prefill_compute(url: str, prompt: str, rounds: int, ttfts: list[float]
 def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Path, rounds: int,
                           ttfts: list[float] | None = None) -> tuple[float, float]:
     """Median seconds of one prompt's prefill pass (`prompt`, `num_tokens` ids) in the server (the compute the engine
-    reports) and of the same pass in this process on the same engine folder, in turns: the machine's speed, which moves by 10-30% between
-    minutes here, is the same for both, so their ratio is the serving process's own (the profile's figure for the
-    prompt was timed minutes before; against it the probe read 0.87 in one run and 1.01 in the next)."""
+    reports) and of the same pass in this process on the same engine folder, in turns: the machine's speed, which
+    moves by 10-30% between minutes here, is the same for both, so their ratio is the serving process's own (the
+    profile's figure for the prompt was timed minutes before; against it the probe read 0.87 in one run and 1.01 in
+    the next). Each server request's TTFT is appended to `ttfts` when given."""
     from trtpd.engine.profiling import measure_prefill_s
 
     served, alone = [], []
@@ -270,9 +271,9 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             real1 = statistics.median(ttft1), statistics.median(tpot1)
             warm_every_instance(url, long_prompt, 1)
             ttft_long: list[float] = []
-            real_prefill_s, in_process_s = _prefill_side_by_side(
-                url, long_prompt, LONG_PROMPT_TOKENS, build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1",
-                LONE_ROUNDS, ttft_long)
+            prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
+            real_prefill_s, in_process_s = _prefill_side_by_side(url, long_prompt, LONG_PROMPT_TOKENS, prefill_engine,
+                                                                 LONE_ROUNDS, ttft_long)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = _serving_cpu(dep)
