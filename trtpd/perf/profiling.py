@@ -31,7 +31,9 @@ class ProfileGrid:
     max_prompt_tokens: int = 64
     decode_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     decode_context_lens: tuple[int, ...] = (64, 256, 1024)
-    single_prompt_tokens: tuple[int, ...] = (128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    # one prompt's cost has a knee between 768 and 896 tokens on the reference engine (2026-12-05, in-process: 768
+    # 181-214 ms, 832 236-314, 896 350-360, 1024 416-418): 768 and 1024 alone interpolated 896 at 310 ms
+    single_prompt_tokens: tuple[int, ...] = (128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 2048, 3072, 4096)
 
     @classmethod
     def quick(cls) -> "ProfileGrid":

@@ -99,7 +99,7 @@ def test_the_profile_measures_single_long_prompts_up_to_the_engines_longest():
     p = prof.prefill
     assert p.prompt_tokens == ProfileGrid().max_prompt_tokens
     assert all(max(lens) <= p.prompt_tokens for lens in asked[:len(p.num_tokens)])   # the curve: short prompts
-    assert p.single_prompt_tokens == [128, 256, 384, 512, 768, 1024, 1500]            # then one prompt each
+    assert p.single_prompt_tokens == [128, 256, 384, 512, 640, 768, 896, 1024, 1280, 1500]   # then one prompt each
     assert asked[len(p.num_tokens):] == [[n] for n in p.single_prompt_tokens]
     assert p.single_latency_s == pytest.approx([attention_prefill_s([n]) for n in p.single_prompt_tokens])
     without = EngineLimits(**{**LONG_LIMITS.__dict__, "prefill_max_input_len": None})
