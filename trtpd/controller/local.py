@@ -39,7 +39,10 @@ from trtpd.fleet.tritonserver import stop_server
 
 STOP_TIMEOUT_S = deployment.DOWN_TIMEOUT_S
 FORCE_STOP_TIMEOUT_S = 0.5
-RELEASE_WAIT_S = 5.0     # how long a start waits for stops in progress to free the GPUs it needs
+# how long a start waits for stops in progress to free the GPUs it needs: as long as a stop can take (the server's
+# stop, then its stubs' SIGKILL and exit); at 5 s a heal on a full inventory failed once in CI (start_failed,
+# GpuShortage naming the dead instance's GPU) and succeeded on the next pass
+RELEASE_WAIT_S = STOP_TIMEOUT_S + stub_watch.KILL_WAIT_S + 1.0
 
 
 class LocalExecutor:

@@ -47,6 +47,7 @@ GRACE_S = 2.0
 # its gRPC frontend has not written to the client yet goes with the stream ("Stream removed (Socket closed)" instead of the death's message, seen
 # once in CI on a loaded 2-core machine)
 DELIVER_S = 1.0
+KILL_WAIT_S = 5.0          # how long kill_and_wait waits for SIGKILLed processes to exit
 log = logging.getLogger(__name__)
 
 
@@ -306,7 +307,7 @@ def leftover_helpers(server_pid: int, server_start: int) -> dict[int, int]:
     return found
 
 
-def kill_and_wait(procs: dict[int, int], timeout_s: float = 5.0) -> list[int]:
+def kill_and_wait(procs: dict[int, int], timeout_s: float = KILL_WAIT_S) -> list[int]:
     """SIGKILLs each process (pid -> its start time: a pid that now belongs to another process is spared) and
     waits until they are gone; returns the ones still there after `timeout_s`."""
     for pid, started in procs.items():
