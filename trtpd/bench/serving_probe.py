@@ -80,37 +80,39 @@ def _real(url: str, prompts: list[str], rounds: int, output_tokens: int = OUTPUT
     return statistics.median(ttft), statistics.median(tpot)
 
 
-def _real_prefill_compute(url: str, prompt: str, rounds: int, ttfts: list[float] | None = None) -> float:
-    """Median prefill compute the engine reports (its perf output, PERF_OUTPUTS) for one prompt at a time: each
-    request alone in its batch, so that the pass is the one the profile timed. Each request's TTFT is appended to
-    `ttfts` when given."""
-    compute = []
-    for r in range(rounds):
-        (res,) = run_stream(url, [BenchRequest(f"probe-long-{r}", prompt, 1, 0.0)])
-        if res.error:
-            raise RuntimeError(f"serving probe request failed: {res.error}")
-        if "prefill_compute_ms" not in res.perf:
-            raise RuntimeError("serving probe: the response carries no prefill_compute_ms perf output")
-        compute.append(res.perf["prefill_compute_ms"] / 1e3)
-        if ttfts is not None:
-            ttfts.append(res.ttft_s)
-    return statistics.median(compute)
+def _lone_prefill(url: str, prompt: str, tag: str) -> tuple[float, float]:
+    """One request for `prompt` alone in its batch (output 1): the prefill compute the engine reports (its perf
+    output, PERF_OUTPUTS) and the request's TTFT, seconds."""
+    (res,) = run_stream(url, [BenchRequest(f"probe-long-{tag}", prompt, 1, 0.0)])
+    if res.error:
+        raise RuntimeError(f"serving probe request failed: {res.error}")
+    if "prefill_compute_ms" not in res.perf:
+        raise RuntimeError("serving probe: the response carries no prefill_compute_ms perf output")
+    return res.perf["prefill_compute_ms"] / 1e3, res.ttft_s
 
 
-def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Path, rounds: int,
-                          ttfts: list[float] | None = None) -> tuple[float, float]:
+def _real_prefill_compute(url: str, prompt: str, rounds: int) -> float:
+    """Median prefill compute the engine reports for one prompt at a time: each request alone in its batch, so that
+    the pass is the one the profile timed."""
+    return statistics.median(_lone_prefill(url, prompt, str(r))[0] for r in range(rounds))
+
+
+def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Path,
+                          rounds: int) -> tuple[float, float, list[float]]:
     """Median seconds of one prompt's prefill pass (`prompt`, `num_tokens` ids) in the server (the compute the engine
     reports) and of the same pass in this process on the same engine folder, in turns: the machine's speed, which
     moves by 10-30% between minutes here, is the same for both, so their ratio is the serving process's own (the
     profile's figure for the prompt was timed minutes before; against it the probe read 0.87 in one run and 1.01 in
-    the next). Each server request's TTFT is appended to `ttfts` when given."""
+    the next). Also every server request's TTFT."""
     from trtpd.engine.profiling import measure_prefill_s
 
-    served, alone = [], []
-    for _ in range(rounds):
+    served, alone, ttfts = [], [], []
+    for r in range(rounds):
         alone.append(measure_prefill_s(engine_dir, [num_tokens], 1))
-        served.append(_real_prefill_compute(url, prompt, 1, ttfts))
-    return statistics.median(served), statistics.median(alone)
+        compute_s, ttft_s = _lone_prefill(url, prompt, f"turn-{r}")
+        served.append(compute_s)
+        ttfts.append(ttft_s)
+    return statistics.median(served), statistics.median(alone), ttfts
 
 
 def warm_every_instance(url: str, prompt: str, num_instances: int, max_tokens: int = 1) -> None:
@@ -124,14 +126,10 @@ def warm_every_instance(url: str, prompt: str, num_instances: int, max_tokens: i
             raise RuntimeError(f"warm-up request failed: {res.error}")
 
 
-def _simulated_ttft(cluster, prompt_tokens: int, output_tokens: int) -> float:
-    """The simulated TTFT of one request alone."""
-    lat = latencies(simulate(cluster, RequestArrays([0.0], [prompt_tokens], [output_tokens])), warmup_fraction=0.0)
-    return float(lat.ttft_s[0])
-
-
-def _simulated(cluster, batch: int) -> tuple[float, float]:
-    arrays = RequestArrays([0.0] * batch, [PROMPT_TOKENS] * batch, [OUTPUT_TOKENS] * batch)
+def _simulated(cluster, batch: int, prompt_tokens: int = PROMPT_TOKENS,
+               output_tokens: int = OUTPUT_TOKENS) -> tuple[float, float]:
+    """Median simulated TTFT and TPOT of `batch` requests sent at once (TPOT NaN at one output token)."""
+    arrays = RequestArrays([0.0] * batch, [prompt_tokens] * batch, [output_tokens] * batch)
     lat = latencies(simulate(cluster, arrays), warmup_fraction=0.0)
     return float(statistics.median(lat.ttft_s)), float(statistics.median(lat.tpot_s))
 
@@ -174,9 +172,9 @@ def fit_response_latency(lone: list[tuple[float, float]]) -> float:
 def fit_prefill_scale(real_compute_s: float, in_process_s: float) -> float:
     """How much longer the engine's prefill pass takes in the server than in-process: the prefill compute the
     engine reported for a prompt alone in its batch over the same pass timed in-process (in turns with it,
-    _prefill_side_by_side). (Not from the
-    batch of 8: the serving path hands those to the engine one by one, so the engine's batches are not the ones
-    the profile would predict, and their means would mix the batching into the scale.)"""
+    _prefill_side_by_side). (Not from the batch of 8: the serving path hands those to the engine one by one, so the
+    engine's batches are not the ones the profile would predict, and their means would mix the batching into the
+    scale.)"""
     if in_process_s <= 0:
         raise ValueError(f"the prefill pass timed in-process took {in_process_s} s")
     return real_compute_s / in_process_s
@@ -270,10 +268,9 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             ttft1, tpot1 = _real_samples(url, prompts[:1], LONE_ROUNDS)
             real1 = statistics.median(ttft1), statistics.median(tpot1)
             warm_every_instance(url, long_prompt, 1)
-            ttft_long: list[float] = []
             prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
-            real_prefill_s, in_process_s = _prefill_side_by_side(url, long_prompt, LONG_PROMPT_TOKENS, prefill_engine,
-                                                                 LONE_ROUNDS, ttft_long)
+            real_prefill_s, in_process_s, ttft_long = _prefill_side_by_side(url, long_prompt, LONG_PROMPT_TOKENS,
+                                                                            prefill_engine, LONE_ROUNDS)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = _serving_cpu(dep)
@@ -319,17 +316,12 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
                                step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
                                prefill_compute_scale=fit_prefill_scale(real_prefill_s, in_process_s))
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
-
-    def simulated(batch: int) -> tuple[float, float]:
-        hw = _with_serving(hardware, mode, overhead)
-        return _simulated(replace(make(model, hw, opts), response_latency_s=0.0), batch)
-
-    sim1 = simulated(1)
-    sim_long = _simulated_ttft(replace(make(model, _with_serving(hardware, mode, overhead), opts),
-                                       response_latency_s=0.0), LONG_PROMPT_TOKENS, 1)
+    # the measured costs without any response latency: what the real TTFTs are held against
+    cluster = replace(make(model, _with_serving(hardware, mode, overhead), opts), response_latency_s=0.0)
+    sim1, sim8 = _simulated(cluster, 1), _simulated(cluster, BIG_BATCH)
+    sim_long = _simulated(cluster, 1, LONG_PROMPT_TOKENS, 1)[0]
     response_s = fit_response_latency([(t, sim1[0]) for t in ttft1] + [(t, sim_long) for t in ttft_long])
     overhead = overhead.model_copy(update={"response_latency_s": response_s})
-    sim8 = simulated(BIG_BATCH)
     progress(f"serving ({mode}): decode steps in the server {step_s * 1e3:+.2f} ms + {per_sequence_s * 1e3:.2f} ms per "
              f"sequence beyond the profile's pass ({len(alone)} steps at batches "
              f"{', '.join(map(str, sorted({p[0] for p in alone})))}), so TPOT at 1/{BIG_BATCH} real "
@@ -337,8 +329,9 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
              f"lone requests' TTFT beyond the simulated: {PROMPT_TOKENS} tokens +"
              f"{(real1[0] - sim1[0]) * 1e3:.1f} ms ({real1[0] * 1e3:.1f} real, median of {len(ttft1)}), "
              f"{LONG_PROMPT_TOKENS} tokens +{(statistics.median(ttft_long) - sim_long) * 1e3:.1f} ms (of "
-             f"{len(ttft_long)}) -> response +{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU {cpu_per_token_s * 1e3:.2f} ms per "
-             f"token on {host_cores} shared cores; one prompt of {LONG_PROMPT_TOKENS} tokens: prefill "
+             f"{len(ttft_long)}) -> response +{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU "
+             f"{cpu_per_token_s * 1e3:.2f} ms per token on {host_cores} shared cores; one prompt of "
+             f"{LONG_PROMPT_TOKENS} tokens: prefill "
              f"{real_prefill_s * 1e3:.1f} ms in the server, {in_process_s * 1e3:.1f} in this process in turns with it "
              f"(the profile's {profiled_s * 1e3:.1f}) -> "
              f"x{overhead.prefill_compute_scale:.2f}; {beside}: x{slowdown:.2f} its time alone (one core per step "

@@ -116,12 +116,16 @@ class EngineLoop:
                 self.on_output(out)
             except Exception:  # a broken response channel must not stop the engine
                 log.exception("delivering output for request %s failed", out.request_id)
-            if self.trace is not None and out.new_token_ids and out.request_id not in self._answered:
-                # its first token handed to the serving path (the egress starts here)
-                self._answered.add(out.request_id)
-                self.trace.write({"kind": "first", "t_s": time.monotonic(), "id": out.request_id})
-            if out.finished:
-                self._answered.discard(out.request_id)
+            if self.trace is not None:
+                self._trace_first(out)
+
+    def _trace_first(self, out: EngineOutput) -> None:
+        """The moment a traced request's first token was handed to the serving path (its egress starts here)."""
+        if out.new_token_ids and out.request_id not in self._answered:
+            self._answered.add(out.request_id)
+            self.trace.write({"kind": "first", "t_s": time.monotonic(), "id": out.request_id})
+        if out.finished:
+            self._answered.discard(out.request_id)
 
     def _run(self) -> None:
         while True:

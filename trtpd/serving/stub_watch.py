@@ -44,8 +44,8 @@ POLL_S = 0.25
 GRACE_S = 2.0
 # between failing the in-flight requests and SIGTERM: tritonserver stops its endpoints as the signal arrives
 # (triton-inference-server/server src/main.cc: StopEndpoints, then TRITONSERVER_ServerStop), and an error response
-# its gRPC frontend has not written to the client yet goes with the stream ("Stream removed (Socket closed)" instead of the death's message, seen
-# once in CI on a loaded 2-core machine)
+# its gRPC frontend has not written to the client yet goes with the stream ("Stream removed (Socket closed)" instead
+# of the death's message, seen once in CI on a loaded 2-core machine)
 DELIVER_S = 1.0
 KILL_WAIT_S = 5.0          # how long kill_and_wait waits for SIGKILLed processes to exit
 log = logging.getLogger(__name__)

@@ -126,10 +126,8 @@ def mirrored_clusters(model, hardware, options) -> dict:
     (the simulator's default, what the planner plans)."""
     from dataclasses import replace
 
-    from trtpd.sim.cluster_specs import colocated_cluster, disaggregated_cluster
-
-    return {"disaggregated": disaggregated_cluster(model, hardware, options),
-            "colocated": replace(colocated_cluster(model, hardware, options), routing="round_robin")}
+    clusters = fleet_clusters(model, hardware, options)
+    return {**clusters, "colocated": replace(clusters["colocated"], routing="round_robin")}
 
 
 def fleet_clusters(model, hardware, options) -> dict:

@@ -103,11 +103,12 @@ def test_the_prefill_scale_is_timed_in_turns_so_the_machines_speed_cancels(monke
     calls = []
     monkeypatch.setattr(profiling, "measure_prefill_s",
                         lambda d, lens, repeats=3: calls.append(("in-process", d, tuple(lens))) or 0.1 * next(speeds))
-    monkeypatch.setattr(serving_probe, "_real_prefill_compute",
-                        lambda url, prompt, rounds, ttfts=None: calls.append(("server", url, rounds)) or 0.11 * next(speeds))
-    served, alone = serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 5)
+    monkeypatch.setattr(serving_probe, "_lone_prefill",
+                        lambda url, prompt, tag: calls.append(("server", url)) or (0.11 * next(speeds), 0.2))
+    served, alone, ttfts = serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 5)
     assert serving_probe.fit_prefill_scale(served, alone) == pytest.approx(1.1)
-    assert calls[:2] == [("in-process", tmp_path, (512,)), ("server", "url", 1)] and len(calls) == 10
+    assert calls[:2] == [("in-process", tmp_path, (512,)), ("server", "url")] and len(calls) == 10
+    assert ttfts == [0.2] * 5                       # every server request's TTFT, for the response latency
     # against a figure timed at speed 1.0, the same server read 0.11 * 0.85 / 0.1: the drift, not the server
     assert serving_probe.fit_prefill_scale(0.11 * 0.85, 0.1) == pytest.approx(0.935)
 
