@@ -9,7 +9,8 @@ only, both in one pass) and holds each pass against the perf model at that shape
   scale, step cost and per-sequence cost; trtpd/perf/measured.py),
 - "alone" / "beside others": the pass over the curve (median) when no other engine computed during most of it,
   and when another did (the host's sharing: the simulator's shared cores slow a step only when the host's demand
-  exceeds its cores),
+  exceeds its cores), and "on core": the engine thread's CPU time over the pass (below 1: the thread waited, for
+  a core or for its process's GIL; at 1 a slow pass computed slowly),
 - "turn": the engine loop's whole turn for the step (scheduling, the pass, sampling, handing outputs on), and the
   "gap" before the next turn when the engine stayed busy (waiting for the GIL, the loop's own bookkeeping): the
   simulator starts the next step the moment one ends.
@@ -41,6 +42,7 @@ class ShapeStats:
     model_s: list = field(default_factory=list)       # what the simulator charges
     batch: list = field(default_factory=list)         # decode rows in the pass
     beside: list = field(default_factory=list)        # ran beside another engine's pass (BUSY_OTHERS)
+    on_core: list = field(default_factory=list)       # the engine thread's CPU over the pass (1: never off a core)
 
 
 def charge_s(perf: MeasuredPerfModel, kind: str, tokens: int, sum_sq: int, batch: int, ctx: int) -> float:
@@ -81,6 +83,7 @@ def account(records: list[dict], t0: float, t1: float, curves: MeasuredPerfModel
         s.model_s.append(charge_s(model, kind, tokens, sum_sq, batch, ctx))
         s.batch.append(batch)
         s.beside.append(overlap_fraction(r["t_s"], r["t_s"] + r["dt_s"], list(others)) > BUSY_OTHERS)
+        s.on_core.append(r["cpu_s"] / r["dt_s"] if r.get("cpu_s") is not None and r["dt_s"] > 0 else float("nan"))
     steps = [r for r in records if r["kind"] == "step" and t0 <= r["t_s"] <= t1]
     turns = [r["dt_s"] + r["emit_s"] for r in steps]
     gaps = [b["t_s"] - (a["t_s"] + a["dt_s"] + a["emit_s"]) for a, b in zip(steps, steps[1:])]
@@ -93,15 +96,18 @@ def account(records: list[dict], t0: float, t1: float, curves: MeasuredPerfModel
 
 
 def _ratio(s: ShapeStats, beside: bool) -> str:
-    sel = [f / c for f, c, b in zip(s.forward_s, s.curve_s, s.beside) if b == beside and c > 0]
-    return f"{np.median(sel):>5.2f} ({len(sel):>4})" if sel else f"{'-':>5} ({0:>4})"
+    """The passes' median time over the curve, their number, and the engine thread's median share of a core."""
+    sel = [(f / c, o) for f, c, b, o in zip(s.forward_s, s.curve_s, s.beside, s.on_core) if b == beside and c > 0]
+    if not sel:
+        return f"{'-':>5} ({0:>4}) {'-':>4}"
+    return f"{np.median([r for r, _ in sel]):>5.2f} ({len(sel):>4}) {np.median([o for _, o in sel]):>4.2f}"
 
 
 def print_account(label: str, engine: str, acc: dict) -> None:
     for kind, s in sorted(acc["shapes"].items()):
         f, c, m = (float(np.mean(x)) * 1e3 for x in (s.forward_s, s.curve_s, s.model_s))
         print(f"{label:<34} {engine:<20} {kind:<8} {s.passes:>6} {np.mean(s.batch):>6.2f} {f:>8.2f} {c:>8.2f} "
-              f"{m:>8.2f} {f / c - 1:>+7.0%} {m / f - 1:>+7.0%}  {_ratio(s, False)}  {_ratio(s, True)}")
+              f"{m:>8.2f} {f / c - 1:>+7.0%} {m / f - 1:>+7.0%}  {_ratio(s, False):>25}  {_ratio(s, True):>22}")
     if acc["steps"]:
         other = (acc["turn_s"] - acc["forward_s"] - acc["emit_s"]) / acc["steps"] * 1e3
         print(f"{label:<34} {engine:<20} per turn: {acc['steps']} turns, outside the pass {other:.2f} ms, handing "
@@ -151,7 +157,8 @@ def request_path(traces: dict[str, list[dict]], results, mode: str) -> dict[str,
 
 
 HEADER = (f"{'cell':<34} {'engine':<20} {'shape':<8} {'passes':>6} {'batch':>6} {'pass ms':>8} {'curve':>8} "
-          f"{'charged':>8} {'vs crv':>7} {'chg-pass':>7}  {'pass/curve alone':>16}  {'beside others':>13}")
+          f"{'charged':>8} {'vs crv':>7} {'chg-pass':>7}  {'pass/curve alone, on core':>25}  "
+          f"{'beside others, on core':>22}")
 
 
 def main() -> int:

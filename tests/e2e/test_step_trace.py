@@ -47,6 +47,12 @@ def test_a_traced_engine_records_each_pass_rows_and_each_turn_on_the_hosts_clock
     assert sum(s["outputs"] for s in steps) == sum(tokens.values())
     for f in forwards:   # every pass inside the turn of the loop that ran it
         assert any(s["t_s"] <= f["t_s"] and f["t_s"] + f["dt_s"] <= s["t_s"] + s["dt_s"] for s in steps), f
+        # the engine thread's CPU in the pass (what step_account's "on core" reads), within its process's and the
+        # wall time (clock ticks: the thread's CPU clock may read a little past the monotonic one on a short pass)
+        assert 0 < f["cpu_s"] <= f["proc_cpu_s"] + 1e-3 and f["cpu_s"] <= f["dt_s"] + 0.02, f
+        assert f["host_busy_s"] >= 0 and f["host_steal_s"] >= 0, f
+    long_pass = max(forwards, key=lambda f: f["dt_s"])
+    assert long_pass["cpu_s"] > 0.3 * long_pass["dt_s"], long_pass     # one thread computes: it is on a core
     # each request handed to the engine once with its prompt, its first token handed on once, after its prompt's
     # pass and before the client had it (the client's clock is the same: time.perf_counter is CLOCK_MONOTONIC)
     submits = {r["id"]: r for r in records if r["kind"] == "submit"}

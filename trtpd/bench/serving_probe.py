@@ -51,6 +51,9 @@ PROMPT_TOKENS, OUTPUT_TOKENS, BIG_BATCH = 100, 64, 8
 LONG_PROMPT_TOKENS = 512   # the prefill scale's scenario: one such prompt at a time (~0.1 s of one engine's compute)
 LONG_PROMPT_ROUNDS = 5     # its median beside a decode batch (step_cores)
 LONE_ROUNDS = 6            # lone requests of each length (PROMPT_TOKENS, LONG_PROMPT_TOKENS): the response latency
+# each lone request meets a server that idled this long, as a workload's requests do at light load: measured on the
+# 2-core reference fleet, 100-token requests back to back took 40.1 ms to the first token, 0.1-1 s apart 44.0-45.1
+LONE_IDLE_S = 0.3
 ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stubs run the engines (repo/reference.py)
 MIN_PERIODS = 10            # decode steps at one batch size for its point on the step costs' line
 STEP_BATCHES = (2, 4)       # with 1 and BIG_BATCH: the batch sizes the step costs' line goes through
@@ -61,10 +64,12 @@ CONTENTION_SETTLE_S = 0.3   # the batch is formed (its requests admitted one by 
 
 
 def _real_samples(url: str, prompts: list[str], rounds: int,
-                  output_tokens: int = OUTPUT_TOKENS) -> tuple[list[float], list[float]]:
-    """Every request's TTFT and TPOT over `rounds` rounds of len(prompts) requests sent at once."""
+                  output_tokens: int = OUTPUT_TOKENS, idle_before_s: float = 0.0) -> tuple[list[float], list[float]]:
+    """Every request's TTFT and TPOT over `rounds` rounds of len(prompts) requests sent at once, each round after
+    the server idled `idle_before_s`."""
     ttft, tpot = [], []
     for r in range(rounds):
+        time.sleep(idle_before_s)
         reqs = [BenchRequest(f"probe-{len(prompts)}-{r}-{i}", p, output_tokens, 0.0) for i, p in enumerate(prompts)]
         for res in run_stream(url, reqs):
             if res.error:
@@ -109,6 +114,7 @@ def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Pa
     served, alone, ttfts = [], [], []
     for r in range(rounds):
         alone.append(measure_prefill_s(engine_dir, [num_tokens], 1))
+        time.sleep(LONE_IDLE_S)
         compute_s, ttft_s = _lone_prefill(url, prompt, f"turn-{r}")
         served.append(compute_s)
         ttfts.append(ttft_s)
@@ -206,6 +212,29 @@ def fit_step_cores(slowdown: float, host_cores: int, serving_cores: float, steps
     return (slowdown * host_cores - serving_cores) / steps
 
 
+def fit_prefill_weight(prefill_slowdown: float, decode_slowdown: float) -> float:
+    """The prefill_weight (ServingOverhead) that splits the shared cores as measured with a prefill-only pass beside
+    a decode batch: the simulator gives steps speeds in proportion to their weights (trtpd/sim/shared_cores.py), so
+    the prefill's speed over the decode's, (1 / prefill_slowdown) / (1 / decode_slowdown); a decode not slowed
+    counts as 1. At most 1: where the prefill lost no more than the decode, equal shares."""
+    return min(1.0, max(1.0, decode_slowdown) / prefill_slowdown) if prefill_slowdown > 0 else 1.0
+
+
+def _decode_beside_prefill(records: dict[str, list[dict]], after_s: float,
+                           alone_s: Callable[[int, int], float]) -> tuple[float, int]:
+    """The decode steps' slowdown (median period over alone_s(batch, context)) while the probe's long prompts were
+    being prefilled, and how many steps: the prefill engine's passes over LONG_PROMPT_TOKENS after `after_s`, the
+    decode engine's turns inside them."""
+    passes = [span for name, recs in records.items() if name.startswith("prefill-")
+              for span in step_trace.prefill_passes([r for r in recs if r["t_s"] >= after_s], LONG_PROMPT_TOKENS)]
+    periods = [p for name, recs in records.items() if name.startswith("decode-")
+               for p in step_trace.decode_periods([r for r in recs if r["t_s"] >= after_s], within=passes)]
+    if len(periods) < MIN_PERIODS:
+        raise RuntimeError(f"serving probe: {len(periods)} decode steps beside the {len(passes)} traced prefills of "
+                           f"{LONG_PROMPT_TOKENS} tokens, {MIN_PERIODS} needed")
+    return float(statistics.median(p / alone_s(b, c) for b, c, p in periods)), len(periods)
+
+
 def _stream_beside(url: str, prompts: list[str], work: Callable[[], float]) -> float:
     """`work()` run while a decode batch of len(prompts) streams CONTENTION_TOKENS tokens each; raises if the batch
     ended before the work did (the work would then not have run beside it)."""
@@ -265,7 +294,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             url = dep.server.grpc_url
             # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the costs)
             run_stream(url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
-            ttft1, tpot1 = _real_samples(url, prompts[:1], LONE_ROUNDS)
+            ttft1, tpot1 = _real_samples(url, prompts[:1], LONE_ROUNDS, idle_before_s=LONE_IDLE_S)
             real1 = statistics.median(ttft1), statistics.median(tpot1)
             warm_every_instance(url, long_prompt, 1)
             prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
@@ -283,7 +312,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
                     url, long_prompt, LONG_PROMPT_ROUNDS))
         finally:
             deployment.down(dep.name)
-        alone = [p for records in step_trace.read_trace(Path(trace_dir) / "one").values()
+        traced = step_trace.read_trace(Path(trace_dir) / "one")
+        alone = [p for records in traced.values()
                  for p in step_trace.decode_periods([r for r in records if r["t_s"] <= alone_until])]
         if mode == "colocated":
             pair = _decode_beside_decode(build_root, prompts, Path(trace_dir) / "pair")
@@ -299,11 +329,18 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
 
     # the serving path's cores while decode batches stream beside: their tokens per second alone, as the simulator
     # counts them
+    prefill_weight = 1.0
     if mode == "disaggregated":
         batch_s = alone_s(CONTENTION_BATCH, CONTENTION_BATCH * (PROMPT_TOKENS + CONTENTION_TOKENS // 2))
         serving_cores = cpu_per_token_s * CONTENTION_BATCH / batch_s
-        slowdown = beside_prefill_s / real_prefill_s
-        beside = f"a {LONG_PROMPT_TOKENS}-token prefill beside a decode batch of {CONTENTION_BATCH}"
+        prefill_slowdown = beside_prefill_s / real_prefill_s
+        decode_slowdown, num_beside = _decode_beside_prefill(traced, alone_until, alone_s)
+        prefill_weight = fit_prefill_weight(prefill_slowdown, decode_slowdown)
+        # the two steps' speeds together, as one slowdown each would give them (the shared cores' demand)
+        slowdown = 2.0 / (1.0 / prefill_slowdown + 1.0 / max(1.0, decode_slowdown))
+        beside = (f"a {LONG_PROMPT_TOKENS}-token prefill beside a decode batch of {CONTENTION_BATCH}: the prefill "
+                  f"x{prefill_slowdown:.2f} its time alone, the decode steps x{decode_slowdown:.2f} ({num_beside} "
+                  f"steps) -> prefill weight {prefill_weight:.2f}; together")
     else:
         if len(pair) < MIN_PERIODS:
             raise RuntimeError(f"serving probe: {len(pair)} decode steps of the colocated pair in the trace, "
@@ -314,6 +351,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     step_cores = fit_step_cores(slowdown, host_cores, serving_cores)
     overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=cpu_per_token_s,
                                step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
+                               prefill_weight=prefill_weight,
                                prefill_compute_scale=fit_prefill_scale(real_prefill_s, in_process_s))
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
     # the measured costs without any response latency: what the real TTFTs are held against

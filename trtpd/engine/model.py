@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from trtpd.catalog import KvDtype, ModelSpec
 from trtpd.engine.row_tiles import (BatchInvarianceReport, Linear, check_batch_invariance, concat_weights,
                                     default_linear, pad_rows, padded_rows, rms_norm, tile_map)
+from trtpd.engine.step_trace import host_cpu_s
 from trtpd.kv.pool import KvPool
 
 FP8_MAX = 448.0
@@ -156,9 +157,12 @@ class LlamaModel:
         """Runs `chunks` (see _forward_pass); with a step trace set (trtpd/engine/step_trace.py), records the pass."""
         if self.trace is None:
             return self._forward_pass(chunks, pool, on_layer_done)
-        started = time.monotonic()
+        started, cpu, proc_cpu, host = time.monotonic(), time.thread_time(), time.process_time(), host_cpu_s()
         logits = self._forward_pass(chunks, pool, on_layer_done)
-        self.trace.write({"kind": "forward", "t_s": started, "dt_s": time.monotonic() - started,
+        dt_s, host_after = time.monotonic() - started, host_cpu_s()
+        self.trace.write({"kind": "forward", "t_s": started, "dt_s": dt_s,
+                          "cpu_s": time.thread_time() - cpu, "proc_cpu_s": time.process_time() - proc_cpu,
+                          "host_busy_s": host_after[0] - host[0], "host_steal_s": host_after[1] - host[1],
                           "rows": [[c.num_tokens, c.start_pos] for c in chunks]})
         return logits
 

@@ -41,6 +41,18 @@ class StepTrace:
             self._file.write(line + "\n")
 
 
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def host_cpu_s() -> tuple[float, float]:
+    """(busy, steal): the host's CPU seconds so far over all its cores (/proc/stat's first line; busy is user, nice,
+    system, irq and softirq; steal is time the hypervisor ran something else on a core this guest wanted)."""
+    with open("/proc/stat", "rb") as f:
+        fields = f.readline().split()
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq) * _TICK_S, steal * _TICK_S
+
+
 BUSY_GAP_S = 0.02   # a pause longer than this between two turns of the loop is idleness (no work), not overhead
 
 
@@ -90,11 +102,22 @@ def shape_of(rows: list[list[int]]) -> tuple[str, int, int, int, int]:
     return kind, sum(prefill), sum(n * n for n in prefill), len(decode), sum(decode)
 
 
-def decode_periods(records: list[dict]) -> list[tuple[int, int, float]]:
+def prefill_passes(records: list[dict], prompt_tokens: int) -> list[tuple[float, float]]:
+    """(start, end) of each prefill-only forward pass over exactly `prompt_tokens` prompt tokens."""
+    out = []
+    for r in records:
+        if r["kind"] == "forward":
+            kind, tokens, _, _, _ = shape_of(r["rows"])
+            if kind == "prefill" and tokens == prompt_tokens:
+                out.append((r["t_s"], r["t_s"] + r["dt_s"]))
+    return out
+
+
+def decode_periods(records: list[dict], within: list[tuple[float, float]] | None = None) -> list[tuple[int, int, float]]:
     """(decode rows, their context tokens, seconds from the turn's start to the next turn's) for each turn of the
     loop whose one forward pass was decode rows only and which the next turn followed without idling: the step's
     period as a streaming client sees it (a token per sequence per period), serving work in the engine's process
-    included."""
+    included. within: only the turns that start and end inside one of these (start, end) spans."""
     steps = [r for r in records if r["kind"] == "step"]
     forwards = sorted((r for r in records if r["kind"] == "forward"), key=lambda r: r["t_s"])
     starts = [f["t_s"] for f in forwards]
@@ -107,6 +130,8 @@ def decode_periods(records: list[dict]) -> list[tuple[int, int, float]]:
         if hi - lo != 1:
             continue
         kind, _, _, batch, context = shape_of(forwards[lo]["rows"])
+        if within is not None and not any(a <= step["t_s"] and after["t_s"] <= b for a, b in within):
+            continue
         if kind == "decode":
             out.append((batch, context, after["t_s"] - step["t_s"]))
     return out

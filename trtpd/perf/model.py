@@ -29,6 +29,7 @@ class SharedCoresSpec:
     cores: int                            # the cores the deployment's processes run on
     serving_cpu_per_token_s: float = 0.0  # CPU seconds the serving path spends per streamed token
     step_cores: float = 1.0               # the host's cores a step in flight takes as the other engines feel it
+    prefill_weight: float = 1.0           # a prefill-only pass's share of the cores against a step that streams
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -37,6 +38,8 @@ class SharedCoresSpec:
             raise ValueError(f"shared cores: serving_cpu_per_token_s must be >= 0, got {self.serving_cpu_per_token_s}")
         if self.step_cores < 1:
             raise ValueError(f"shared cores: step_cores must be at least 1 (one engine thread), got {self.step_cores}")
+        if not 0 < self.prefill_weight <= 1:
+            raise ValueError(f"shared cores: prefill_weight must be in (0, 1], got {self.prefill_weight}")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ def instance_perf(model: ModelSpec, hardware: HardwareProfile, tp: int = 1, weig
         return InstancePerf(roofline, tp, roofline.kv_capacity_tokens, model.kv_bytes_per_token(kv))
     capacity = measured.kv_capacity_tokens or roofline.kv_capacity_tokens
     serving = measured.serving.get(mode) if mode else None
-    shared = SharedCoresSpec(serving.host_cores, serving.serving_cpu_per_token_s, serving.step_cores) \
+    shared = SharedCoresSpec(serving.host_cores, serving.serving_cpu_per_token_s, serving.step_cores,
+                             serving.prefill_weight) \
         if serving is not None and serving.host_cores else None
     return InstancePerf(MeasuredPerfModel(measured, serving), tp, capacity, model.kv_bytes_per_token(kv),
                         serving.response_latency_s if serving else 0.0, shared)

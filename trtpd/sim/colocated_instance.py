@@ -179,7 +179,7 @@ class ColocatedInstance(SteppingInstance):
         self.busy_s += duration_s
         self.is_stepping = True
         if self.shared is not None:
-            self.shared.run(self, now_s, duration_s, self._step_done)
+            self.shared.run(self, now_s, duration_s, self._step_done, prefill_only=True)
         else:
             self.loop.push(now_s + duration_s, self._step_done)
 

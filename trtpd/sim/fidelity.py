@@ -194,3 +194,24 @@ def simulate_record(record: FidelityRecord, follow_speed: bool = False) -> dict[
             cell_rows(cell.real(), latencies(run, warmup_fraction=0.0), cell.rate_per_s, record.ttft_slo_s,
                       record.tpot_slo_s))
     return rows
+
+
+def real_against_real(first: FidelityRecord, second: FidelityRecord) -> dict[str, list[Row]]:
+    """The real fleet against itself: each cell both records measured (the same workload, rate, mode, arrivals and
+    lengths), the first run's latencies in the rows' "real" and the second's in their "sim", by workload. Its MAPE
+    is how far apart two measurements of the same requests on the same machine lie: the floor below which no
+    simulator's error against one run can be read (benchmarks/fidelity_noise.py)."""
+    def key(cell: RecordedCell) -> tuple:
+        return cell.workload, cell.rate_per_s, cell.mode
+
+    theirs = {key(c): c for c in second.cells}
+    rows: dict[str, list[Row]] = {}
+    for cell in first.cells:
+        other = theirs.get(key(cell))
+        if other is None or (other.arrival_s, other.input_tokens, other.output_tokens) != \
+                (cell.arrival_s, cell.input_tokens, cell.output_tokens):
+            continue
+        rows.setdefault(cell.workload, []).extend(
+            cell_rows(cell.real(), other.real(), cell.rate_per_s, first.ttft_slo_s, first.tpot_slo_s))
+    return rows
+

@@ -17,6 +17,16 @@ in cores:
   `trtpd profile --serving`, trtpd/bench/serving_probe.py) times the tokens per second the steps in flight
   stream (each decode step's batch over its time alone).
 Both terms come from the machine the profile was measured on (`ServingOverhead.host_cores`).
+
+The steps in flight do not share what the cores give them equally. A prefill-only pass (no token streams from it)
+computes without a break for its whole length, while a step that streams tokens (decode, or a colocated step with
+decode rows) hands them on after every pass and the serving path's threads wake for each; Linux's scheduler runs
+the thread that just woke before the one that has been running, so the prefill gets less than its share. Measured
+on the 2-core reference fleet (per-thread CPU in the step trace): a prefill beside a decode batch ran 1.6x its time
+alone with its thread on a core 60% of the pass, the decode steps beside it 1.16x. So a prefill-only step weighs
+`prefill_weight` (measured by `trtpd profile --serving`, serving_probe.fit_prefill_weight) against 1 for a step
+that streams: the steps' speeds add up to what processor sharing gives them together (steps in flight x cores /
+demand), split in proportion to their weights, and none runs faster than alone.
 """
 
 from __future__ import annotations
@@ -40,6 +50,8 @@ class _Step:
     handler: Callable[[float, Any], None]
     arg: Any
     started_s: float
+    weight: float = 1.0           # its share of the cores against the other steps' (prefill_weight: a prefill-only pass)
+    speed: float = 1.0            # the fraction of its speed alone it runs at now
     version: int = 0              # its latest end event's; any other end event of its instance is stale
 
 
@@ -48,44 +60,48 @@ class SharedCores:
         self.spec = spec
         self.loop = loop
         self.steps: dict[int, _Step] = {}        # by id(instance): at most one step each
-        self.slowdown = 1.0                      # demand / cores while it exceeds them, else 1
         self._since_s = 0.0                      # when the steps' remaining work was last brought up to date
         self._versions = itertools.count(1)      # one for all: an instance's earlier steps' events never match
 
     def run(self, instance: Any, now_s: float, alone_s: float, handler: Callable[[float, Any], None],
-            arg: Any = None, tokens_per_s: float = 0.0) -> None:
+            arg: Any = None, tokens_per_s: float = 0.0, prefill_only: bool = False) -> None:
         """Starts `instance`'s step of `alone_s` seconds of work (already added to instance.busy_s); calls
-        handler(end time, arg) when it is done, and adds the time it took beyond alone_s to instance.busy_s."""
+        handler(end time, arg) when it is done, and adds the time it took beyond alone_s to instance.busy_s.
+        prefill_only: a pass that streams no token (it weighs spec.prefill_weight in the sharing)."""
         self._progress(now_s)
-        step = self.steps[id(instance)] = _Step(instance, alone_s, alone_s, tokens_per_s, handler, arg, now_s)
-        if not self._reschedule(now_s):
-            self._push(id(instance), step, now_s)
+        weight = self.spec.prefill_weight if prefill_only else 1.0
+        step = self.steps[id(instance)] = _Step(instance, alone_s, alone_s, tokens_per_s, handler, arg, now_s,
+                                                weight)
+        self._reschedule(now_s, step)
 
     def _progress(self, now_s: float) -> None:
         if now_s > self._since_s:
-            done = (now_s - self._since_s) / self.slowdown
+            elapsed_s = now_s - self._since_s
             for step in self.steps.values():
-                step.remaining_s -= done
+                step.remaining_s -= elapsed_s * step.speed
         self._since_s = now_s
 
-    def _reschedule(self, now_s: float) -> bool:
-        """Recomputes the slowdown; when it changed, every step's end moves (True)."""
-        steps = self.steps.values()
+    def speeds(self) -> list[float]:
+        """Each step in flight's speed (a fraction of its speed alone), in the order of self.steps."""
+        steps = list(self.steps.values())
         # a step alone keeps one core: what it costs beside others is measured beside others (a lone step's costs
         # in the server are in its alone time already, ServingOverhead's step costs)
-        per_step = self.spec.step_cores if len(self.steps) > 1 else 1.0
-        demand = per_step * len(self.steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
-        slowdown = demand / self.spec.cores if demand > self.spec.cores else 1.0
-        if slowdown == self.slowdown:
-            return False
-        self.slowdown = slowdown
-        for key, step in self.steps.items():
-            self._push(key, step, now_s)
-        return True
+        per_step = self.spec.step_cores if len(steps) > 1 else 1.0
+        demand = per_step * len(steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
+        if demand <= self.spec.cores:
+            return [1.0] * len(steps)
+        return share(len(steps) * self.spec.cores / demand, [s.weight for s in steps])
 
-    def _push(self, key: int, step: _Step, now_s: float) -> None:
+    def _reschedule(self, now_s: float, started: _Step | None = None) -> None:
+        """Recomputes the steps' speeds; every step whose speed changed (and a step just started) gets a new end."""
+        for step, speed in zip(list(self.steps.values()), self.speeds()):
+            if speed != step.speed or step is started:
+                step.speed = speed
+                self._push(step, now_s)
+
+    def _push(self, step: _Step, now_s: float) -> None:
         step.version = next(self._versions)
-        self.loop.push(now_s + max(0.0, step.remaining_s) * self.slowdown, self._end, (key, step.version))
+        self.loop.push(now_s + max(0.0, step.remaining_s) / step.speed, self._end, (id(step.instance), step.version))
 
     def _end(self, now_s: float, event: tuple[int, int]) -> None:
         key, version = event
@@ -97,3 +113,23 @@ class SharedCores:
         self._reschedule(now_s)
         step.instance.busy_s += (now_s - step.started_s) - step.alone_s
         step.handler(now_s, step.arg)
+
+
+def share(total: float, weights: list[float]) -> list[float]:
+    """Speeds in proportion to `weights` that add up to `total` (below len(weights)), none above 1: the steps whose
+    share would exceed their speed alone run at it, and the rest share what is left in proportion to their weights."""
+    speeds = [0.0] * len(weights)
+    free = set(range(len(weights)))
+    left = total
+    while free:
+        scale = left / sum(weights[i] for i in free)
+        capped = {i for i in free if scale * weights[i] >= 1.0}
+        if not capped:
+            for i in free:
+                speeds[i] = scale * weights[i]
+            break
+        for i in capped:
+            speeds[i] = 1.0
+        free -= capped
+        left -= len(capped)
+    return speeds

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from trtpd.bench.serving_probe import MIN_PERIODS, fit_step_cores, fit_step_costs
+from trtpd.bench.serving_probe import (LONG_PROMPT_TOKENS, MIN_PERIODS, _decode_beside_prefill, fit_prefill_weight,
+                                       fit_step_cores, fit_step_costs)
 from trtpd.perf.measured import ServingOverhead
 from tests.unit.sim.fakes import LinearPerf
 
@@ -92,6 +93,57 @@ def test_the_cores_a_step_takes_beside_another_give_back_the_measured_slowdown_o
     assert fit_step_cores(1.02, 8, 0.64) == 1.0
 
 
+def test_the_prefill_weight_and_step_cores_give_back_both_slowdowns_measured_beside_each_other():
+    """Measured here: a 512-token prefill beside a decode batch of 4 took 1.63x its time alone, the decode steps
+    beside it 1.22x, the serving path taking 0.69 of the 2 cores. The simulator's shared cores, a prefill of 1 s
+    beside a long decode step, with the fitted weight and step cores: the prefill ends at 1.63 s, having left the
+    decode 1.63 / 1.22 s of its work done."""
+    from trtpd.sim.events import EventLoop
+    from trtpd.sim.shared_cores import SharedCores, SharedCoresSpec
+
+    weight = fit_prefill_weight(1.63, 1.22)
+    assert weight == pytest.approx(1.22 / 1.63)
+    step_cores = fit_step_cores(2.0 / (1 / 1.63 + 1 / 1.22), 2, 0.69)
+    loop, ends = EventLoop(), {}
+    shared = SharedCores(SharedCoresSpec(2, 0.001, step_cores, weight), loop)
+    for name, work_s, tokens_per_s in (("prefill", 1.0, 0.0), ("decode", 10.0, 690.0)):
+        instance = type(name, (), {"busy_s": 0.0})()
+        loop.push(0.0, lambda now_s, _, i=instance, w=work_s, t=tokens_per_s, n=name: shared.run(
+            i, now_s, w, lambda end_s, _, n=n: ends.__setitem__(n, end_s), None, t, prefill_only=t == 0))
+    loop.run()
+    assert ends["prefill"] == pytest.approx(1.63)
+    assert ends["decode"] == pytest.approx(1.63 + 10.0 - 1.63 / 1.22)
+    # a decode not slowed counts as 1; a prefill that lost no more than the decode shares equally
+    assert fit_prefill_weight(1.5, 0.95) == pytest.approx(1 / 1.5)
+    assert fit_prefill_weight(1.2, 1.4) == 1.0
+
+
+def _pass(t_s, dt_s, rows):
+    return {"kind": "forward", "t_s": t_s, "dt_s": dt_s, "rows": rows}
+
+
+def _turn(t_s, dt_s, rows):
+    return [{"kind": "step", "t_s": t_s, "dt_s": dt_s, "emit_s": 0.0, "outputs": len(rows)}, _pass(t_s, dt_s, rows)]
+
+
+def test_the_decode_slowdown_beside_the_prefill_counts_only_the_steps_inside_the_probes_long_prefills():
+    """The decode engine's turns that start and end inside one of the prefill engine's passes over the long prompt
+    (after the lone phase), each period over the step's time alone."""
+    alone_s = lambda batch, context: 0.010                               # noqa: E731
+    prefill = [_pass(0.5, 1.0, [[LONG_PROMPT_TOKENS, 0]]),                # the lone phase: before after_s
+               _pass(2.0, 0.2, [[100, 0]]),                               # the decode batch's own prompt
+               _pass(3.0, 0.3, [[LONG_PROMPT_TOKENS, 0]])]
+    inside = [r for i in range(MIN_PERIODS + 1) for r in _turn(3.0 + 0.015 * i, 0.012, [[1, 100 + i]] * 4)]
+    outside = [r for i in range(20) for r in _turn(2.0 + 0.015 * i, 0.008, [[1, 50 + i]] * 4)]
+    lone = [r for i in range(20) for r in _turn(0.5 + 0.015 * i, 0.005, [[1, 10 + i]] * 4)]
+    records = {"prefill-engine-1": prefill, "decode-engine-2": lone + outside + inside}
+    slowdown, steps = _decode_beside_prefill(records, 1.9, alone_s)
+    # the inside turns' periods are 15 ms (the last one's next turn is not inside: left out)
+    assert steps == MIN_PERIODS and slowdown == pytest.approx(1.5)
+    with pytest.raises(RuntimeError, match="decode steps beside"):
+        _decode_beside_prefill({"prefill-engine-1": prefill, "decode-engine-2": lone + outside}, 1.9, alone_s)
+
+
 def test_the_prefill_scale_is_timed_in_turns_so_the_machines_speed_cancels(monkeypatch, tmp_path):
     """The machine's speed moves between minutes: the probe read 0.87 against the profile's figure in one run and
     1.01 in the next. Timed in turns with the same pass in-process, a server 1.1x slower than in-process reads 1.1
@@ -123,3 +175,29 @@ def test_the_response_latency_is_the_median_over_lone_requests_of_both_lengths()
     assert fit_response_latency([(0.010, 0.020)]) == 0.0          # never negative
     with pytest.raises(ValueError, match="no lone request"):
         fit_response_latency([])
+
+
+def test_every_lone_request_meets_a_server_that_idled_as_at_light_load(monkeypatch, tmp_path):
+    """Measured here: 100-token requests back to back took 40.1 ms to the first token, 0.1-1 s apart 44.0-45.1 ms; a
+    workload's requests at 1-3/s meet an idle server, so the probe's lone requests (the response latency) wait
+    LONE_IDLE_S before each, and so does each of its long prompts timed in turns."""
+    from trtpd.bench import serving_probe
+    from trtpd.bench.client import RequestResult
+    from trtpd.engine import profiling
+
+    events = []
+    monkeypatch.setattr(serving_probe.time, "sleep", lambda s: events.append(("idle", s)))
+
+    def stream(url, reqs):
+        events.append(("send", len(reqs)))
+        return [RequestResult(r.request_id, 100, 0.0, [0.04, 0.045, 0.05]) for r in reqs]
+
+    monkeypatch.setattr(serving_probe, "run_stream", stream)
+    ttft, _ = serving_probe._real_samples("url", ["p"], 3, idle_before_s=serving_probe.LONE_IDLE_S)
+    assert ttft == [0.04] * 3
+    assert events == [("idle", serving_probe.LONE_IDLE_S), ("send", 1)] * 3 and serving_probe.LONE_IDLE_S >= 0.1
+    events.clear()
+    monkeypatch.setattr(profiling, "measure_prefill_s", lambda d, lens, repeats=3: events.append(("alone",)) or 0.1)
+    monkeypatch.setattr(serving_probe, "_lone_prefill", lambda url, prompt, tag: events.append(("send", 1)) or (0.1, 0.2))
+    serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 2)
+    assert events == [("alone",), ("idle", serving_probe.LONE_IDLE_S), ("send", 1)] * 2

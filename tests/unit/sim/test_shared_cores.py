@@ -8,7 +8,7 @@ import pytest
 
 from trtpd.sim.events import EventLoop
 from trtpd.sim.metrics import latencies
-from trtpd.sim.shared_cores import SharedCores, SharedCoresSpec
+from trtpd.sim.shared_cores import SharedCores, SharedCoresSpec, share
 from trtpd.sim.simulator import simulate
 from trtpd.sim.workload import RequestArrays
 from tests.unit.sim.fakes import LinearPerf, colocated, disagg
@@ -19,15 +19,17 @@ class _Instance:
 
 
 def _ends(cores: int, steps: list[tuple[float, float, float]], serving_cpu_per_token_s: float = 0.0,
-          step_cores: float = 1.0):
-    """(start, work alone, tokens/s) per step, each on an instance of its own -> (end time, busy_s) of each."""
+          step_cores: float = 1.0, prefill_weight: float = 1.0):
+    """(start, work alone, tokens/s) per step, each on an instance of its own -> (end time, busy_s) of each; a step
+    that streams nothing (tokens/s 0) is a prefill-only pass."""
     loop = EventLoop()
-    shared = SharedCores(SharedCoresSpec(cores, serving_cpu_per_token_s, step_cores), loop)
+    shared = SharedCores(SharedCoresSpec(cores, serving_cpu_per_token_s, step_cores, prefill_weight), loop)
     ends, instances = {}, [_Instance() for _ in steps]
     for i, ((start_s, alone_s, tokens_per_s), instance) in enumerate(zip(steps, instances)):
         def begin(now_s, _, i=i, instance=instance, alone_s=alone_s, tokens_per_s=tokens_per_s):
             instance.busy_s += alone_s
-            shared.run(instance, now_s, alone_s, lambda end_s, _: ends.__setitem__(i, end_s), None, tokens_per_s)
+            shared.run(instance, now_s, alone_s, lambda end_s, _: ends.__setitem__(i, end_s), None, tokens_per_s,
+                       prefill_only=tokens_per_s == 0)
         loop.push(start_s, begin)
     loop.run()
     return [ends[i] for i in range(len(steps))], [x.busy_s for x in instances]
@@ -63,6 +65,26 @@ def test_a_step_beside_another_takes_step_cores_and_a_step_alone_one_core():
     assert ends == pytest.approx([1.0])
     with pytest.raises(ValueError, match="step_cores"):
         SharedCoresSpec(cores=2, step_cores=0.9)
+
+
+def test_a_prefill_only_pass_gets_its_weight_of_the_cores_against_a_step_that_streams():
+    """Measured on the reference fleet: beside a decode batch a prefill ran 1.63x its time alone and the decode
+    steps 1.22x (the scheduler runs the threads that wake for each token first). One core, a prefill of 1 s and a
+    decode step of 1 s from 0 s, the prefill weighing 0.5: the core gives them 1/3 and 2/3 of their speed; the decode
+    step ends at 1.5 s, and the prefill, with 0.5 s done by then, at 2.0 s. With equal weights both end at 2.0 s."""
+    ends, busy = _ends(1, [(0.0, 1.0, 0.0), (0.0, 1.0, 100.0)], prefill_weight=0.5)
+    assert ends == pytest.approx([2.0, 1.5]) and busy == pytest.approx([2.0, 1.5])
+    ends, _ = _ends(1, [(0.0, 1.0, 0.0), (0.0, 1.0, 100.0)])
+    assert ends == pytest.approx([2.0, 2.0])
+    # two steps that stream share equally whatever the prefill weight
+    ends, _ = _ends(1, [(0.0, 1.0, 100.0), (0.0, 1.0, 100.0)], prefill_weight=0.5)
+    assert ends == pytest.approx([2.0, 2.0])
+    # no step runs faster than alone: 2 cores, 1.5 cores per step, so the two run at 4/3 of a step's speed together;
+    # at weights 0.25 and 1 the decode would get 1.07 and runs at 1, the prefill at the 1/3 left
+    assert share(4 / 3, [0.25, 1.0]) == pytest.approx([1 / 3, 1.0])
+    assert share(1.0, [1.0, 1.0, 2.0]) == pytest.approx([0.25, 0.25, 0.5])
+    with pytest.raises(ValueError, match="prefill_weight"):
+        SharedCoresSpec(cores=2, prefill_weight=0.0)
 
 
 def test_two_colocated_instances_on_one_core_take_twice_as_long_as_on_two():

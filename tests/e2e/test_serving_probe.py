@@ -1,0 +1,24 @@
+"""`trtpd profile --serving`'s probe (trtpd/bench/serving_probe.py) on the real disaggregated fleet: the main job
+(`trtpd demo`) and benchmarks/validate_sim.py run it first, so a probe that cannot finish on the real servers stops
+both. Its fits are unit-tested on synthetic traces (tests/unit/bench/test_serving_probe.py); here every term comes
+out of real tritonserver deployments, step traces and lone requests."""
+
+from __future__ import annotations
+
+import os
+
+from trtpd.bench.serving_probe import measure_serving_overhead
+from trtpd.perf.hardware import load_hardware
+
+
+def test_the_disaggregated_probe_measures_every_serving_term_through_the_real_server(trtpd_home, fp16_root):
+    # the bundled curves stand for the profile's: the probe reads the server against whichever curves it is given
+    hardware = load_hardware("cpu-reference")
+    said: list[str] = []
+    overhead = measure_serving_overhead(fp16_root, hardware, "disaggregated", progress=said.append)
+    assert overhead.host_cores == len(os.sched_getaffinity(0))
+    assert overhead.serving_cpu_per_token_s > 0 and overhead.per_sequence_step_s > 0
+    assert overhead.step_cores >= 1.0 and 0 < overhead.prefill_weight <= 1.0
+    assert 0.5 < overhead.prefill_compute_scale < 2.0
+    # the prefill beside the decode batch: both slowdowns read from the trace, and the weight from them
+    assert len(said) == 1 and "the decode steps x" in said[0] and "prefill weight" in said[0], said
