@@ -1,0 +1,55 @@
+"""How far apart two real runs of the same requests lie, beside the simulator's error against each.
+
+benchmarks/validate_sim.py --record writes each run of its grid (the same seed sends the same requests: arrivals,
+prompts and output lengths) with its own profile, measured at the start of that run. Given two or more such
+records, this prints
+- for each record, the simulator's MAPE per workload against that run (its own profile; as validate_sim printed),
+  its largest P50/P90/goodput error and how many of those decisive figures lie beyond 15%,
+- for each pair of records, the same figures with one real run standing for the other's prediction
+  (trtpd.sim.fidelity.real_against_real): the machine's own run-to-run spread, the floor under any simulator's
+  error against a single run.
+Run: .venv/bin/python benchmarks/fidelity_noise.py RECORD.json RECORD.json [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+from trtpd.sim.fidelity import FidelityRecord, Row, mape, real_against_real, simulate_record, worst_decisive
+
+GOAL = 0.15   # issue 24: every P50/P90 and goodput within 15%
+
+
+def summary(rows: dict[str, list[Row]]) -> str:
+    decisive = [r for v in rows.values() for r in v if r.decisive]
+    beyond = sum(1 for r in decisive if abs(r.error) > GOAL)
+    per_workload = ", ".join(f"{w} {mape(v):.1%}" for w, v in rows.items())
+    largest = max((worst_decisive(v) for v in rows.values()), default=0.0)
+    return f"MAPE {per_workload}; largest {largest:.0%}; beyond {GOAL:.0%}: {beyond} of {len(decisive)}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("records", nargs="+", type=Path)
+    args = ap.parse_args()
+    if len(args.records) < 2:
+        ap.error("give at least two records of the same grid")
+    records = {path: FidelityRecord.load(path) for path in args.records}
+    print("the simulator against each run (its own profile):")
+    for path, record in records.items():
+        print(f"  {path} ({record.recorded_at}): {summary(simulate_record(record))}")
+    print("one real run against another (the same requests):")
+    for (a, ra), (b, rb) in itertools.combinations(records.items(), 2):
+        rows = real_against_real(ra, rb)
+        if not rows:
+            print(f"  {a} vs {b}: no cell in common (another seed, rate or workload)")
+            continue
+        print(f"  {a} vs {b}: {summary(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
