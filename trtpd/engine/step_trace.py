@@ -113,7 +113,8 @@ def prefill_passes(records: list[dict], prompt_tokens: int) -> list[tuple[float,
     return out
 
 
-def decode_periods(records: list[dict], within: list[tuple[float, float]] | None = None) -> list[tuple[int, int, float]]:
+def decode_periods(records: list[dict],
+                   within: list[tuple[float, float]] | None = None) -> list[tuple[int, int, float]]:
     """(decode rows, their context tokens, seconds from the turn's start to the next turn's) for each turn of the
     loop whose one forward pass was decode rows only and which the next turn followed without idling: the step's
     period as a streaming client sees it (a token per sequence per period), serving work in the engine's process

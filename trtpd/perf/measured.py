@@ -72,9 +72,9 @@ class ServingOverhead(BaseModel):
                               "work in its process costs a step beside it; measured with two engines stepping "
                               "together (trtpd/bench/serving_probe.fit_step_cores); 1: the engine thread alone")
     prefill_weight: float = Field(default=1.0, gt=0, le=1, description="a prefill-only pass's share of the host's "
-                                  "cores against a step that streams tokens (with host_cores): the scheduler runs the "
-                                  "threads that wake for each token first; measured with a prefill beside a decode "
-                                  "batch, the decode's slowdown over the prefill's "
+                                  "cores against a step that streams tokens (with host_cores): threads that block "
+                                  "often wake owed CPU and run first (trtpd/sim/shared_cores.py); measured with a "
+                                  "prefill beside a decode batch, the decode's slowdown over the prefill's "
                                   "(trtpd/bench/serving_probe.fit_prefill_weight); 1: equal shares")
     prefill_compute_scale: float = Field(default=1.0, gt=0, description="the engine's prefill passes in its serving "
                                          "process (its response, KV export and watch threads beside it) take this "

@@ -20,8 +20,11 @@ Both terms come from the machine the profile was measured on (`ServingOverhead.h
 
 The steps in flight do not share what the cores give them equally. A prefill-only pass (no token streams from it)
 computes without a break for its whole length, while a step that streams tokens (decode, or a colocated step with
-decode rows) hands them on after every pass and the serving path's threads wake for each; Linux's scheduler runs
-the thread that just woke before the one that has been running, so the prefill gets less than its share. Measured
+decode rows) hands them on after every pass and the serving path's threads wake for each. Linux shares the cores
+by each thread's lag behind its fair share and runs an eligible thread (lag >= 0) with the earliest virtual deadline
+first, its lag kept across a sleep (EEVDF, kernel 6.6 on: Documentation/scheduler/sched-eevdf.rst; kernel/sched/
+features.h PLACE_LAG): a thread that blocks every few milliseconds wakes owed CPU and runs ahead of the prefill's,
+which never blocks in a pass, so the prefill gets less than an equal share. Measured
 on the 2-core reference fleet (per-thread CPU in the step trace): a prefill beside a decode batch ran 1.6x its time
 alone with its thread on a core 60% of the pass, the decode steps beside it 1.16x. So a prefill-only step weighs
 `prefill_weight` (measured by `trtpd profile --serving`, serving_probe.fit_prefill_weight) against 1 for a step
@@ -50,7 +53,7 @@ class _Step:
     handler: Callable[[float, Any], None]
     arg: Any
     started_s: float
-    weight: float = 1.0           # its share of the cores against the other steps' (prefill_weight: a prefill-only pass)
+    weight: float = 1.0           # its share of the cores against other steps' (prefill_weight: a prefill-only pass)
     speed: float = 1.0            # the fraction of its speed alone it runs at now
     version: int = 0              # its latest end event's; any other end event of its instance is stale
 

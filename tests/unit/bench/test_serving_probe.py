@@ -198,6 +198,7 @@ def test_every_lone_request_meets_a_server_that_idled_as_at_light_load(monkeypat
     assert events == [("idle", serving_probe.LONE_IDLE_S), ("send", 1)] * 3 and serving_probe.LONE_IDLE_S >= 0.1
     events.clear()
     monkeypatch.setattr(profiling, "measure_prefill_s", lambda d, lens, repeats=3: events.append(("alone",)) or 0.1)
-    monkeypatch.setattr(serving_probe, "_lone_prefill", lambda url, prompt, tag: events.append(("send", 1)) or (0.1, 0.2))
+    monkeypatch.setattr(serving_probe, "_lone_prefill",
+                        lambda url, prompt, tag: events.append(("send", 1)) or (0.1, 0.2))
     serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 2)
     assert events == [("alone",), ("idle", serving_probe.LONE_IDLE_S), ("send", 1)] * 2
