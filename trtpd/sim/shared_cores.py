@@ -24,12 +24,12 @@ decode rows) hands them on after every pass and the serving path's threads wake 
 by each thread's lag behind its fair share and runs an eligible thread (lag >= 0) with the earliest virtual deadline
 first, its lag kept across a sleep (EEVDF, kernel 6.6 on: Documentation/scheduler/sched-eevdf.rst; kernel/sched/
 features.h PLACE_LAG): a thread that blocks every few milliseconds wakes owed CPU and runs ahead of the prefill's,
-which never blocks in a pass, so the prefill gets less than an equal share. Measured
-on the 2-core reference fleet (per-thread CPU in the step trace): a prefill beside a decode batch ran 1.6x its time
-alone with its thread on a core 60% of the pass, the decode steps beside it 1.16x. So a prefill-only step weighs
-`prefill_weight` (measured by `trtpd profile --serving`, serving_probe.fit_prefill_weight) against 1 for a step
-that streams: the steps' speeds add up to what processor sharing gives them together (steps in flight x cores /
-demand), split in proportion to their weights, and none runs faster than alone.
+which never blocks in a pass, so the prefill gets less than an equal share. Measured on the 2-core reference fleet
+(per-thread CPU in the step trace): a prefill beside a decode batch ran 1.56x the curve with its thread on a core
+69% of the pass, the decode passes beside it 1.15x. So a prefill-only step weighs `prefill_weight` (measured by
+`trtpd profile --serving`, serving_probe.fit_prefill_weight) against 1 for a step that streams: the steps' speeds
+add up to what processor sharing gives them together (steps in flight x cores / demand), split in proportion to
+their weights, and none runs faster than alone.
 """
 
 from __future__ import annotations
