@@ -84,20 +84,21 @@ class SharedCores:
                 step.remaining_s -= elapsed_s * step.speed
         self._since_s = now_s
 
-    def speeds(self) -> list[float]:
-        """Each step in flight's speed (a fraction of its speed alone), in the order of self.steps."""
-        steps = list(self.steps.values())
+    def _reschedule(self, now_s: float, started: _Step | None = None) -> None:
+        """Recomputes the steps' speeds (each a fraction of its speed alone); every step whose speed changed (and a
+        step just started) gets a new end."""
+        steps = self.steps.values()
         # a step alone keeps one core: what it costs beside others is measured beside others (a lone step's costs
         # in the server are in its alone time already, ServingOverhead's step costs)
         per_step = self.spec.step_cores if len(steps) > 1 else 1.0
         demand = per_step * len(steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
         if demand <= self.spec.cores:
-            return [1.0] * len(steps)
-        return share(len(steps) * self.spec.cores / demand, [s.weight for s in steps])
-
-    def _reschedule(self, now_s: float, started: _Step | None = None) -> None:
-        """Recomputes the steps' speeds; every step whose speed changed (and a step just started) gets a new end."""
-        for step, speed in zip(list(self.steps.values()), self.speeds()):
+            speeds = [1.0] * len(steps)
+        elif self.spec.prefill_weight == 1.0 or len({s.weight for s in steps}) == 1:
+            speeds = [self.spec.cores / demand] * len(steps)     # equal weights: plain processor sharing
+        else:
+            speeds = share(len(steps) * self.spec.cores / demand, [s.weight for s in steps])
+        for step, speed in zip(steps, speeds):   # _push leaves self.steps as it is
             if speed != step.speed or step is started:
                 step.speed = speed
                 self._push(step, now_s)

@@ -8,6 +8,7 @@ import pytest
 from trtpd.bench.serving_probe import (LONG_PROMPT_TOKENS, MIN_PERIODS, _decode_beside_prefill, fit_prefill_weight,
                                        fit_step_cores, fit_step_costs)
 from trtpd.perf.measured import ServingOverhead
+from tests.unit.engine.test_step_trace import _turn
 from tests.unit.sim.fakes import LinearPerf
 
 CURVES = LinearPerf(decode_fixed_s=0.0035, decode_per_seq_s=0.0003, decode_per_context_token_s=2e-7)
@@ -120,10 +121,6 @@ def test_the_prefill_weight_and_step_cores_give_back_both_slowdowns_measured_bes
 
 def _pass(t_s, dt_s, rows):
     return {"kind": "forward", "t_s": t_s, "dt_s": dt_s, "rows": rows}
-
-
-def _turn(t_s, dt_s, rows):
-    return [{"kind": "step", "t_s": t_s, "dt_s": dt_s, "emit_s": 0.0, "outputs": len(rows)}, _pass(t_s, dt_s, rows)]
 
 
 def test_the_decode_slowdown_beside_the_prefill_counts_only_the_steps_inside_the_probes_long_prefills():
