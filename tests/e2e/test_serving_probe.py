@@ -11,9 +11,15 @@ from trtpd.bench.serving_probe import measure_serving_overhead
 from trtpd.perf.hardware import load_hardware
 
 
-def test_the_disaggregated_probe_measures_every_serving_term_through_the_real_server(trtpd_home, fp16_root):
-    # the bundled curves stand for the profile's: the probe reads the server against whichever curves it is given
+def _curves_only():
+    """The bundled profile's curves, which stand for the profile's (the probe reads the server against whichever
+    curves it is given), without the serving terms it measures."""
     hardware = load_hardware("cpu-reference")
+    return hardware.model_copy(update={"measured": [m.model_copy(update={"serving": {}}) for m in hardware.measured]})
+
+
+def test_the_disaggregated_probe_measures_every_serving_term_through_the_real_server(trtpd_home, fp16_root):
+    hardware = _curves_only()
     said: list[str] = []
     overhead = measure_serving_overhead(fp16_root, hardware, "disaggregated", progress=said.append)
     assert overhead.host_cores == len(os.sched_getaffinity(0))
@@ -22,3 +28,16 @@ def test_the_disaggregated_probe_measures_every_serving_term_through_the_real_se
     assert 0.5 < overhead.prefill_compute_scale < 2.0
     # the prefill beside the decode batch: both slowdowns read from the trace, and the weight from them
     assert len(said) == 1 and "the decode steps x" in said[0] and "prefill weight" in said[0], said
+
+
+def test_the_colocated_probe_reads_a_pair_of_instances_at_two_loads_through_the_real_server(trtpd_home, fp16_root):
+    hardware = _curves_only()
+    said: list[str] = []
+    overhead = measure_serving_overhead(fp16_root, hardware, "colocated", progress=said.append)
+    assert overhead.host_cores == len(os.sched_getaffinity(0))
+    assert overhead.step_cores >= 1.0 and overhead.prefill_weight == 1.0
+    # the pair at 1 and at 4 each, both read from the trace: the serving path's share per token is the slope
+    # between them, at most the CPU it spends (printed beside it)
+    assert len(said) == 1 and "two colocated instances decoding 1 and 4 each: x" in said[0], said
+    spent_ms = float(said[0].split("the serving path's CPU ")[1].split(" ms per token")[0])
+    assert 0 <= overhead.serving_cpu_per_token_s * 1e3 <= spent_ms + 0.005

@@ -13,7 +13,11 @@ streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trac
   (every process of the server's group but the engines' stubs, and this process, which is the client then) is
   read from /proc; per streamed token, it is the serving path's share of the host's cores, which the simulator's
   shared cores take from the engines when the host is oversubscribed (`host_cores`, `serving_cpu_per_token_s`;
-  trtpd/sim/shared_cores.py).
+  trtpd/sim/shared_cores.py),
+- what a step costs beside another engine's (`step_cores`, and `prefill_weight`): disaggregated, a long prefill
+  beside a decode batch; colocated, a second deployment of two instances decoding 1 and then 4 requests each, the
+  line through both loads' slowdowns (fit_shared_demand: the serving path's share per token, at most its CPU from
+  /proc, and the cores a step takes).
 The validation workload (`benchmarks/validate_sim.py`) is a different, loaded scenario.
 """
 
@@ -58,6 +62,7 @@ ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stu
 MIN_PERIODS = 10            # decode steps at one batch size for its point on the step costs' line
 STEP_BATCHES = (2, 4)       # with 1 and BIG_BATCH: the batch sizes the step costs' line goes through
 CONTENTION_BATCH = 4        # the decode batch beside which a step's cost is measured (step_cores)
+PAIR_BATCHES = (1, CONTENTION_BATCH)   # colocated: two instances decoding this many each, a line through both
 CONTENTION_TOKENS = 300     # its output: long enough to outlast the prefills measured beside it
 PAIR_SPACING_S = 0.02       # between the requests for two colocated instances, so each gets every other one
 CONTENTION_SETTLE_S = 0.3   # the batch is formed (its requests admitted one by one) before anything is timed
@@ -212,6 +217,23 @@ def fit_step_cores(slowdown: float, host_cores: int, serving_cores: float, steps
     return (slowdown * host_cores - serving_cores) / steps
 
 
+def fit_shared_demand(points: list[tuple[float, float]], host_cores: int, most_per_token_s: float,
+                      steps: int = 2) -> tuple[float, float]:
+    """(step_cores, serving_cpu_per_token_s) that make the simulator's shared cores slow `steps` steps in flight as
+    measured at several loads: `points` are (the tokens per second the steps stream alone, their slowdown). The
+    shared cores' demand is steps x step_cores + per_token x tokens/s = slowdown x host_cores, a line through the
+    points (least squares). The per-token term lies within [0, most_per_token_s]: the serving path cannot take more
+    from the engines than the CPU it spends per token (read from /proc), and less where it runs while the engine
+    threads wait anyway (measured on the 2-core reference fleet: two colocated instances decoding 1, 2 and 4 each
+    ran 1.41x, 1.46x and 1.53x their steps alone, where the serving path's CPU of 1.27 ms per token would make
+    1.31x, 1.52x and 1.68x). step_cores at least 1, as fit_step_cores."""
+    tokens = np.array([t for t, _ in points], dtype=float)
+    demand = np.array([x for _, x in points], dtype=float) * host_cores
+    per_token = float(np.polyfit(tokens, demand, 1)[0]) if len(points) > 1 and np.ptp(tokens) > 0 else most_per_token_s
+    per_token = min(max(per_token, 0.0), most_per_token_s)
+    return max(1.0, float(np.mean(demand - per_token * tokens)) / steps), per_token
+
+
 def fit_prefill_weight(prefill_slowdown: float, decode_slowdown: float) -> float:
     """The prefill_weight (ServingOverhead) that splits the shared cores as measured with a prefill-only pass beside
     a decode batch: the simulator gives steps speeds in proportion to their weights (trtpd/sim/shared_cores.py), so
@@ -256,26 +278,33 @@ def _stream_beside(url: str, prompts: list[str], work: Callable[[], float]) -> f
     return value
 
 
-def _decode_beside_decode(build_root: Path, prompts: list[str], trace_dir: Path) -> list[tuple[int, int, float]]:
-    """The decode periods of two colocated instances stepping together: a deployment of two, CONTENTION_BATCH
-    requests for each (Triton hands them out in turn, tests/e2e/test_instance_dispatch.py), traced."""
+def _decode_beside_decode(build_root: Path, prompts: list[str],
+                          trace_dir: Path) -> dict[int, list[tuple[int, int, float]]]:
+    """The decode periods of two colocated instances stepping together, by batch: a deployment of two, and for each
+    of PAIR_BATCHES that many requests for each instance (Triton hands them out in turn,
+    tests/e2e/test_instance_dispatch.py), traced; only the steps at that batch (not the batch forming or draining)."""
     with step_trace.tracing(trace_dir):
         dep = deployment.up("probe-colocated-pair", ReferenceDeployment(build_root, mode="colocated",
                                                                         colocated_instances=2), replace=True)
+    spans = {}
     try:
         run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-pair-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
-        started = time.monotonic()
-        # one after another, PAIR_SPACING_S apart: sent at once, Triton handed 8 out as 3 and 5 (measured here)
-        results = run_stream(dep.server.grpc_url, [
-            BenchRequest(f"probe-pair-{i}", p, CONTENTION_TOKENS, i * PAIR_SPACING_S)
-            for i, p in enumerate((prompts * 2)[:2 * CONTENTION_BATCH])])
-        if any(r.error for r in results):
-            raise RuntimeError(f"serving probe: a request of the colocated pair failed: "
-                               f"{next(r.error for r in results if r.error)}")
+        for batch in PAIR_BATCHES:
+            started = time.monotonic()
+            # one after another, PAIR_SPACING_S apart: sent at once, Triton handed 8 out as 3 and 5 (measured here)
+            results = run_stream(dep.server.grpc_url, [
+                BenchRequest(f"probe-pair-{batch}-{i}", p, CONTENTION_TOKENS, i * PAIR_SPACING_S)
+                for i, p in enumerate((prompts * 2)[:2 * batch])])
+            if any(r.error for r in results):
+                raise RuntimeError(f"serving probe: a request of the colocated pair failed: "
+                                   f"{next(r.error for r in results if r.error)}")
+            spans[batch] = (started, time.monotonic())
     finally:
         deployment.down(dep.name)
-    return [p for records in step_trace.read_trace(trace_dir).values()
-            for p in step_trace.decode_periods([r for r in records if r["t_s"] >= started])]
+    traced = step_trace.read_trace(trace_dir)
+    return {batch: [p for records in traced.values()
+                    for p in step_trace.decode_periods([r for r in records if lo <= r["t_s"] <= hi]) if p[0] == batch]
+            for batch, (lo, hi) in spans.items()}
 
 
 def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, rounds: int = 3,
@@ -341,15 +370,24 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         beside = (f"a {LONG_PROMPT_TOKENS}-token prefill beside a decode batch of {CONTENTION_BATCH}: the prefill "
                   f"x{prefill_slowdown:.2f} its time alone, the decode steps x{decode_slowdown:.2f} ({num_beside} "
                   f"steps) -> prefill weight {prefill_weight:.2f}; together")
+        step_cores = fit_step_cores(slowdown, host_cores, serving_cores)
+        per_token_s = cpu_per_token_s
     else:
-        if len(pair) < MIN_PERIODS:
-            raise RuntimeError(f"serving probe: {len(pair)} decode steps of the colocated pair in the trace, "
-                               f"{MIN_PERIODS} needed")
-        slowdown = float(statistics.median(p / alone_s(b, c) for b, c, p in pair))
-        serving_cores = 2 * cpu_per_token_s * float(statistics.mean(b / alone_s(b, c) for b, c, _ in pair))
-        beside = f"two colocated instances decoding {CONTENTION_BATCH} each"
-    step_cores = fit_step_cores(slowdown, host_cores, serving_cores)
-    overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=cpu_per_token_s,
+        points = []
+        for batch, periods in pair.items():
+            if len(periods) < MIN_PERIODS:
+                raise RuntimeError(f"serving probe: {len(periods)} decode steps at batch {batch} of the colocated "
+                                   f"pair in the trace, {MIN_PERIODS} needed")
+            points.append((2 * float(statistics.mean(b / alone_s(b, c) for b, c, _ in periods)),
+                           float(statistics.median(p / alone_s(b, c) for b, c, p in periods))))
+        step_cores, per_token_s = fit_shared_demand(points, host_cores, cpu_per_token_s)
+        slowdown = points[-1][1]
+        serving_cores = per_token_s * points[-1][0]
+        beside = (f"two colocated instances decoding {' and '.join(map(str, pair))} each: "
+                  + ", ".join(f"x{x:.2f} at {t:.0f} tokens/s" for t, x in points)
+                  + f" -> the serving path takes {per_token_s * 1e3:.2f} ms of the cores per token (of the "
+                  f"{cpu_per_token_s * 1e3:.2f} it spends); at {CONTENTION_BATCH} each")
+    overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=per_token_s,
                                step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
                                prefill_weight=prefill_weight,
                                prefill_compute_scale=fit_prefill_scale(real_prefill_s, in_process_s))

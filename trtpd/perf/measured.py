@@ -65,12 +65,16 @@ class ServingOverhead(BaseModel):
     host_cores: int = Field(default=0, ge=0, description="the cores the deployment's processes shared when "
                             "measured (engines, Triton, the serving path, the client); 0: each instance computes on "
                             "devices of its own (GPUs), nothing is shared")
-    serving_cpu_per_token_s: float = Field(default=0.0, ge=0, description="CPU seconds the serving path outside "
-                                           "the engines spends per streamed token (with host_cores)")
+    serving_cpu_per_token_s: float = Field(default=0.0, ge=0, description="seconds of the host's cores the "
+                                           "serving path outside the engines takes from them per streamed token "
+                                           "(with host_cores): the CPU it spends (disaggregated), or the slope of "
+                                           "two colocated instances' slowdown against the tokens they stream, at "
+                                           "most that CPU (trtpd/bench/serving_probe.fit_shared_demand)")
     step_cores: float = Field(default=1.0, ge=1, description="the host's cores a step in flight takes as the other "
                               "engines feel it (with host_cores): its engine thread, and what the serving path's "
                               "work in its process costs a step beside it; measured with two engines stepping "
-                              "together (trtpd/bench/serving_probe.fit_step_cores); 1: the engine thread alone")
+                              "together (trtpd/bench/serving_probe.fit_step_cores, fit_shared_demand); 1: the engine "
+                              "thread alone")
     prefill_weight: float = Field(default=1.0, gt=0, le=1, description="a prefill-only pass's share of the host's "
                                   "cores against a step that streams tokens (with host_cores): threads that block "
                                   "often wake owed CPU and run first (trtpd/sim/shared_cores.py); measured with a "

@@ -12,10 +12,14 @@ in cores:
   measured on the 2-core reference fleet: a 512-token prefill beside a decode batch of 4 took 1.63x its time
   alone, where one core per step and the serving path's CPU make 1.34x; `trtpd profile --serving` measures it,
   serving_probe.fit_step_cores);
-- the serving path's share: `serving_cpu_per_token_s` (the CPU it spends per streamed token outside the engines:
-  tritonserver's gRPC and ensemble/BLS hops, the post-processing stub, the client; measured by
+- the serving path's share: `serving_cpu_per_token_s` (what it takes from the engines per streamed token outside
+  them: tritonserver's gRPC and ensemble/BLS hops, the post-processing stub, the client; measured by
   `trtpd profile --serving`, trtpd/bench/serving_probe.py) times the tokens per second the steps in flight
-  stream (each decode step's batch over its time alone).
+  stream (each decode step's batch over its time alone). Disaggregated it is the CPU that path spends per token
+  (/proc); colocated, where the probe measures two instances decoding at two loads, the slope of their slowdown
+  against the tokens they stream (serving_probe.fit_shared_demand): on the 2-core reference fleet a third of the
+  CPU it spends (the rest runs while the engine threads wait anyway: the pair ran 1.41x its steps alone at 1
+  each, 1.53x at 4, where all of it would make 1.31x and 1.68x).
 Both terms come from the machine the profile was measured on (`ServingOverhead.host_cores`).
 
 The steps in flight do not share what the cores give them equally. A prefill-only pass (no token streams from it)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from trtpd.bench.serving_probe import (LONG_PROMPT_TOKENS, MIN_PERIODS, _decode_beside_prefill, fit_prefill_weight,
-                                       fit_step_cores, fit_step_costs)
+                                       fit_shared_demand, fit_step_cores, fit_step_costs)
 from trtpd.perf.measured import ServingOverhead
 from tests.unit.engine.test_step_trace import _turn
 from tests.unit.sim.fakes import LinearPerf
@@ -199,3 +199,38 @@ def test_every_lone_request_meets_a_server_that_idled_as_at_light_load(monkeypat
                         lambda url, prompt, tag: events.append(("send", 1)) or (0.1, 0.2))
     serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 2)
     assert events == [("alone",), ("idle", serving_probe.LONE_IDLE_S), ("send", 1)] * 2
+
+
+def test_the_colocated_pairs_slowdown_at_two_loads_gives_the_cores_a_step_takes_and_what_the_serving_path_takes():
+    """Measured here (2 cores): two colocated instances decoding 1 and 4 each ran 1.41x and 1.53x their steps alone,
+    streaming 496 and 1,065 tokens/s alone; the serving path spent 1.27 ms of CPU per token (/proc), which as a
+    demand on the cores would make 1.31x and 1.68x. The line through both points: what the serving path takes from
+    the engines per token, and what a step takes beside another. The simulator's shared cores, two 1 s decode steps
+    streaming as measured, give back both slowdowns."""
+    from trtpd.sim.events import EventLoop
+    from trtpd.sim.shared_cores import SharedCores, SharedCoresSpec
+
+    points = [(496.0, 1.41), (1065.0, 1.53)]
+    step_cores, per_token_s = fit_shared_demand(points, 2, 0.00127)
+    assert per_token_s == pytest.approx((1.53 - 1.41) * 2 / (1065 - 496))   # 0.42 ms: a third of the CPU it spends
+    assert step_cores == pytest.approx((1.41 * 2 - per_token_s * 496) / 2)
+    for tokens_per_s, slowdown in points:
+        loop, ends = EventLoop(), []
+        shared = SharedCores(SharedCoresSpec(2, per_token_s, step_cores), loop)
+        for name in ("first", "second"):
+            instance = type(name, (), {"busy_s": 0.0})()
+            loop.push(0.0, lambda now_s, _, i=instance: shared.run(
+                i, now_s, 1.0, lambda end_s, _: ends.append(end_s), None, tokens_per_s / 2))
+        loop.run()
+        assert ends == pytest.approx([slowdown, slowdown])
+    # the serving path takes at most what it spends, and nothing where the slowdown does not grow with its load
+    step_cores, per_token_s = fit_shared_demand([(496.0, 1.31), (1065.0, 1.80)], 2, 0.00127)
+    assert per_token_s == 0.00127
+    assert step_cores == pytest.approx(((1.31 * 2 - 0.00127 * 496) + (1.80 * 2 - 0.00127 * 1065)) / 4)
+    step_cores, per_token_s = fit_shared_demand([(496.0, 1.55), (1065.0, 1.50)], 2, 0.00127)
+    assert per_token_s == 0.0 and step_cores == pytest.approx((1.55 + 1.50) / 2)
+    # one load alone: the per-token CPU as spent, and the step cores as fit_step_cores gives them
+    assert fit_shared_demand([(1065.0, 1.80)], 2, 0.00127) == pytest.approx(
+        (fit_step_cores(1.80, 2, 0.00127 * 1065), 0.00127))
+    # a slowdown that one core per step already makes needs no more than a core
+    assert fit_shared_demand([(496.0, 1.0), (1065.0, 1.05)], 2, 0.00127)[0] == 1.0
