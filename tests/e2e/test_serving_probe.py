@@ -36,8 +36,8 @@ def test_the_colocated_probe_reads_a_pair_of_instances_at_two_loads_through_the_
     overhead = measure_serving_overhead(fp16_root, hardware, "colocated", progress=said.append)
     assert overhead.host_cores == len(os.sched_getaffinity(0))
     assert overhead.step_cores >= 1.0 and overhead.prefill_weight == 1.0
-    # the pair at 1 and at 4 each, both read from the trace: the serving path's share per token is the slope
-    # between them, at most the CPU it spends (printed beside it)
-    assert len(said) == 1 and "two colocated instances decoding 1 and 4 each: x" in said[0], said
+    # the pair at 1, 2 and 4 each, read from the trace: the serving path's share per token is the slope of a line
+    # through them, at most the CPU it spends (printed beside it)
+    assert len(said) == 1 and "two colocated instances decoding 1, 2, 4 each: x" in said[0], said
     spent_ms = float(said[0].split("the serving path's CPU ")[1].split(" ms per token")[0])
     assert 0 <= overhead.serving_cpu_per_token_s * 1e3 <= spent_ms + 0.005

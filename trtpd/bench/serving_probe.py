@@ -15,8 +15,8 @@ streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trac
   shared cores take from the engines when the host is oversubscribed (`host_cores`, `serving_cpu_per_token_s`;
   trtpd/sim/shared_cores.py),
 - what a step costs beside another engine's (`step_cores`, and `prefill_weight`): disaggregated, a long prefill
-  beside a decode batch; colocated, a second deployment of two instances decoding 1 and then 4 requests each, the
-  line through both loads' slowdowns (fit_shared_demand: the serving path's share per token, at most its CPU from
+  beside a decode batch; colocated, a second deployment of two instances decoding 1, 2 and then 4 requests each,
+  the line through the loads' slowdowns (fit_shared_demand: the serving path's share per token, at most its CPU from
   /proc, and the cores a step takes).
 The validation workload (`benchmarks/validate_sim.py`) is a different, loaded scenario.
 """
@@ -62,7 +62,7 @@ ENGINE_MODELS = ("prefill", "decode", "colocated")   # the role models whose stu
 MIN_PERIODS = 10            # decode steps at one batch size for its point on the step costs' line
 STEP_BATCHES = (2, 4)       # with 1 and BIG_BATCH: the batch sizes the step costs' line goes through
 CONTENTION_BATCH = 4        # the decode batch beside which a step's cost is measured (step_cores)
-PAIR_BATCHES = (1, CONTENTION_BATCH)   # colocated: two instances decoding this many each, a line through both
+PAIR_BATCHES = (1, 2, CONTENTION_BATCH)   # colocated: two instances decoding this many each, a line through them
 CONTENTION_TOKENS = 300     # its output: long enough to outlast the prefills measured beside it
 PAIR_SPACING_S = 0.02       # between the requests for two colocated instances, so each gets every other one
 CONTENTION_SETTLE_S = 0.3   # the batch is formed (its requests admitted one by one) before anything is timed
@@ -383,7 +383,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         step_cores, per_token_s = fit_shared_demand(points, host_cores, cpu_per_token_s)
         slowdown = points[-1][1]
         serving_cores = per_token_s * points[-1][0]
-        beside = (f"two colocated instances decoding {' and '.join(map(str, pair))} each: "
+        beside = (f"two colocated instances decoding {', '.join(map(str, pair))} each: "
                   + ", ".join(f"x{x:.2f} at {t:.0f} tokens/s" for t, x in points)
                   + f" -> the serving path takes {per_token_s * 1e3:.2f} ms of the cores per token (of the "
                   f"{cpu_per_token_s * 1e3:.2f} it spends); at {CONTENTION_BATCH} each")
