@@ -34,23 +34,13 @@ which never blocks in a pass, so the prefill gets less than an equal share. Meas
 `trtpd profile --serving`, serving_probe.fit_prefill_weight) against 1 for a step that streams: the steps' speeds
 add up to what processor sharing gives them together (steps in flight x cores / demand), split in proportion to
 their weights, and none runs faster than alone.
-
-The serving path's own work on a request (its intake before the engines, its egress after the first token: the
-response latency the probe measures on lone requests in an idle server) runs on the same cores, so it stretches as
-the host is oversubscribed: the shared cores keep the host's load (demand over cores, at least 1) as it changes,
-and a request's response latency is half at its arrival's load and half at its first token's (`load_at`). Measured
-on the 2-core reference fleet: the time outside the engines' terms grew from 25.6 ms at 1 request/s to 37.7 at 3
-(disaggregated, cpu-powerlaw-long), and in bursts to 65 (benchmarks/validate_sim.py --account).
 """
 
 from __future__ import annotations
 
 import itertools
-from array import array
 from dataclasses import dataclass
 from typing import Any, Callable
-
-import numpy as np
 
 from trtpd.perf.model import SharedCoresSpec
 from trtpd.sim.events import EventLoop
@@ -79,8 +69,6 @@ class SharedCores:
         self.steps: dict[int, _Step] = {}        # by id(instance): at most one step each
         self._since_s = 0.0                      # when the steps' remaining work was last brought up to date
         self._versions = itertools.count(1)      # one for all: an instance's earlier steps' events never match
-        self._load_since_s = array("d", [0.0])   # when the host's load changed, and to what (demand over its cores,
-        self._load = array("d", [1.0])           # at least 1): a step function of time
 
     def run(self, instance: Any, now_s: float, alone_s: float, handler: Callable[[float, Any], None],
             arg: Any = None, tokens_per_s: float = 0.0, prefill_only: bool = False) -> None:
@@ -108,7 +96,6 @@ class SharedCores:
         # in the server are in its alone time already, ServingOverhead's step costs)
         per_step = self.spec.step_cores if len(steps) > 1 else 1.0
         demand = per_step * len(steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
-        self._set_load(now_s, max(1.0, demand / self.spec.cores))
         if demand <= self.spec.cores:
             speeds = [1.0] * len(steps)
         elif self.spec.prefill_weight == 1.0 or len({s.weight for s in steps}) == 1:
@@ -119,23 +106,6 @@ class SharedCores:
             if speed != step.speed or step is started:
                 step.speed = speed
                 self._push(step, now_s)
-
-    def _set_load(self, now_s: float, load: float) -> None:
-        if load == self._load[-1]:
-            return
-        if self._load_since_s[-1] == now_s:      # changed again at the same moment: the last change holds
-            self._load[-1] = load
-        else:
-            self._load_since_s.append(now_s)
-            self._load.append(load)
-
-    def load_at(self, times_s) -> np.ndarray:
-        """The host's load (demand over cores, at least 1) at each of `times_s`; 1 before the first step and at
-        NaN (a request that never got its first token)."""
-        times = np.asarray(times_s, dtype=float)
-        since, load = np.frombuffer(self._load_since_s), np.frombuffer(self._load)
-        out = load[np.clip(np.searchsorted(since, times, side="right") - 1, 0, None)]
-        return np.where(np.isnan(times), 1.0, out)
 
     def _push(self, step: _Step, now_s: float) -> None:
         step.version = next(self._versions)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from trtpd.routing.core import Router, RoutingPolicy
 from trtpd.sim.attainment import AttainmentWatch
 from trtpd.sim.cluster import ClusterSpec
@@ -277,11 +275,8 @@ class Simulator:
         delay = self.cluster.response_latency_s
         if delay:   # a pure delay on the way out: it shifts response times, not scheduling
             r = self.records
-            delays = np.full(len(r.first_token_s), delay)
-            if self.shared is not None:   # the serving path's work stretches on oversubscribed cores
-                delays *= (self.shared.load_at(r.arrival_s) + self.shared.load_at(r.first_token_s)) / 2
-            r.first_token_s = [t + float(d) for t, d in zip(r.first_token_s, delays)]
-            r.done_s = [t + float(d) for t, d in zip(r.done_s, delays)]
+            r.first_token_s = [t + delay for t in r.first_token_s]
+            r.done_s = [t + delay for t in r.done_s]
         return SimRun(self.records, usage, links, span, self.loop.num_events, self.num_rejected, overloaded,
                       list(self.fleet.lives.values()), list(self.fleet.events), self.loop.now_s)
 

@@ -134,38 +134,3 @@ def test_a_pulled_request_answers_its_first_token_when_it_joins_a_decode_step():
     steps_since = (r.first_token_s[1] - r.first_token_s[0]) / 0.01
     assert r.first_token_s[1] > r.transfer_end_s[1] + 1e-4                # waited for the step in flight
     assert steps_since == pytest.approx(round(steps_since), abs=1e-6)      # on a step boundary of the batch
-
-
-def test_the_host_load_is_kept_as_it_changes_and_read_at_any_moment():
-    """One core, a step of 1 s from 0 s and another from 0.5 s: the host is at its cores (load 1) until 0.5 s,
-    twice over them until the first ends at 1.5 s, then at them again; before any step and at NaN (a request that
-    never got its first token) the load is 1."""
-    loop = EventLoop()
-    shared = SharedCores(SharedCoresSpec(1), loop)
-    for start_s in (0.0, 0.5):
-        instance = _Instance()
-        loop.push(start_s, lambda now_s, _, i=instance: shared.run(i, now_s, 1.0, lambda end_s, _: None))
-    loop.run()
-    assert shared.load_at([-1.0, 0.25, 0.5, 1.0, 1.49, 1.5, 1.75, 5.0, float("nan")]).tolist() == [
-        1.0, 1.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
-
-
-def test_the_serving_paths_response_latency_stretches_with_the_hosts_load():
-    """The serving path's work on a request (the response latency, measured on lone requests in an idle server)
-    runs on the shared cores: half of it at the request's arrival, half at its first token, each stretched by the
-    host's load then. Two colocated instances on one core, both requests at 0 s: every step runs at half speed and
-    the host is twice over its cores at both moments, so each response latency counts twice; on two cores, once."""
-    perf = LinearPerf(prefill_fixed_s=0.01, decode_fixed_s=0.002)
-    requests = RequestArrays([0.0, 0.0], [16, 16], [50, 50])
-    response_s = 0.005
-    base = replace(colocated(perf, num=2), response_latency_s=response_s)
-    alone = latencies(simulate(base, requests), warmup_fraction=0.0)
-    one = latencies(simulate(replace(base, shared_cores=SharedCoresSpec(1)), requests), warmup_fraction=0.0)
-    two = latencies(simulate(replace(base, shared_cores=SharedCoresSpec(2)), requests), warmup_fraction=0.0)
-    assert np.allclose(two.ttft_s, alone.ttft_s)
-    assert np.allclose(one.ttft_s, 2 * (alone.ttft_s - response_s) + 2 * response_s)
-    # one request alone on one core: its steps and its response as measured
-    lone = RequestArrays([0.0], [16], [50])
-    assert np.allclose(latencies(simulate(replace(base, shared_cores=SharedCoresSpec(1)), lone),
-                                 warmup_fraction=0.0).ttft_s,
-                       latencies(simulate(base, lone), warmup_fraction=0.0).ttft_s)
