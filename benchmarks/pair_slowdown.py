@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trtpd.bench.client import BenchRequest, run_stream                      # noqa: E402
 from trtpd.bench.prompts import prompt_with_tokens                           # noqa: E402
-from trtpd.bench.serving_probe import PAIR_SPACING_S, PROMPT_TOKENS, _serving_cpu   # noqa: E402
+from trtpd.bench.serving_probe import PAIR_SPACING_S, PROMPT_TOKENS, serving_cpu_reader   # noqa: E402
 from trtpd.deploy.spec import ReferenceDeployment                            # noqa: E402
 from trtpd.engine import step_trace                                          # noqa: E402
 from trtpd.engine.checkpoint import load_checkpoint                          # noqa: E402
@@ -43,7 +43,7 @@ def _periods(root: Path, instances: int, batch: int, prompts: list[str], trace_d
                             ReferenceDeployment(root, mode="colocated", colocated_instances=instances), replace=True)
     try:
         run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
-        cpu = _serving_cpu(dep)
+        cpu = serving_cpu_reader(dep)
         started, before_s = time.monotonic(), cpu()
         results = run_stream(dep.server.grpc_url, [
             BenchRequest(f"pair-{i}", p, OUTPUT_TOKENS, i * PAIR_SPACING_S)

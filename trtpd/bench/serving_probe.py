@@ -196,7 +196,7 @@ def _with_serving(hardware: HardwareProfile, mode: str, overhead: ServingOverhea
                                                     for m in hardware.measured]})
 
 
-def _serving_cpu(dep: deployment.Deployment) -> Callable[[], float]:
+def serving_cpu_reader(dep: deployment.Deployment) -> Callable[[], float]:
     """A reading of the CPU seconds spent so far outside the engines: the server's group but the engine stubs
     (tritonserver, the orchestrator and pre/post-processing stubs), and this process (the client)."""
     engines = {e.pid for e in stub_watch.read_registry(dep.folder) if e.model in ENGINE_MODELS}
@@ -331,7 +331,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
                                                                             prefill_engine, LONE_ROUNDS)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
-            serving_cpu = _serving_cpu(dep)
+            serving_cpu = serving_cpu_reader(dep)
             cpu_before_s = serving_cpu()
             real8 = _real(url, prompts, rounds)
             cpu_per_token_s = (serving_cpu() - cpu_before_s) / (BIG_BATCH * OUTPUT_TOKENS * rounds)

@@ -16,10 +16,11 @@ in cores:
   them: tritonserver's gRPC and ensemble/BLS hops, the post-processing stub, the client; measured by
   `trtpd profile --serving`, trtpd/bench/serving_probe.py) times the tokens per second the steps in flight
   stream (each decode step's batch over its time alone). Disaggregated it is the CPU that path spends per token
-  (/proc); colocated, where the probe measures two instances decoding at two loads, the slope of their slowdown
-  against the tokens they stream (serving_probe.fit_shared_demand): on the 2-core reference fleet a third of the
-  CPU it spends (the rest runs while the engine threads wait anyway: the pair ran 1.41x its steps alone at 1
-  each, 1.53x at 4, where all of it would make 1.31x and 1.68x).
+  (/proc); colocated, where the probe measures two instances decoding at three loads (1, 2 and 4 each), the slope
+  of their slowdown against the tokens they stream (serving_probe.fit_shared_demand): on the 2-core reference
+  fleet between none and half of the CPU it spends (part of it runs while the engine threads wait anyway: the
+  pair ran 1.41-1.51x a lone instance's steps at 1 each and 1.53-1.61x at 4, where all of it on top of one core
+  per step would make 1.31-1.33x and 1.65-1.68x; benchmarks/pair_slowdown.py).
 Both terms come from the machine the profile was measured on (`ServingOverhead.host_cores`).
 
 The steps in flight do not share what the cores give them equally. A prefill-only pass (no token streams from it)
