@@ -35,7 +35,10 @@ def test_the_colocated_probe_reads_a_pair_of_instances_at_two_loads_through_the_
     said: list[str] = []
     overhead = measure_serving_overhead(fp16_root, hardware, "colocated", progress=said.append)
     assert overhead.host_cores == len(os.sched_getaffinity(0))
-    assert overhead.step_cores >= 1.0 and overhead.prefill_weight == 1.0
+    assert overhead.step_cores >= 1.0 and 0 < overhead.prefill_weight <= 1.0
+    # a prompt alone in its pass on one instance beside the other's decode: its own step cores and weight
+    assert overhead.prefill_step_cores is not None and overhead.prefill_step_cores >= 1.0
+    assert "-token prompt on one beside a decode of 1 on the other: the prompt x" in said[0], said
     # the pair at 1, 2 and 4 each, read from the trace: the serving path's share per token is the slope of a line
     # through them, at most the CPU it spends (printed beside it)
     assert len(said) == 1 and "two colocated instances decoding 1, 2, 4 each: x" in said[0], said

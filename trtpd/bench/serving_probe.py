@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,6 +67,8 @@ PAIR_BATCHES = (1, 2, CONTENTION_BATCH)   # colocated: two instances decoding th
 CONTENTION_TOKENS = 300     # its output: long enough to outlast the prefills measured beside it
 PAIR_SPACING_S = 0.02       # between the requests for two colocated instances, so each gets every other one
 CONTENTION_SETTLE_S = 0.3   # the batch is formed (its requests admitted one by one) before anything is timed
+BESIDE_PROMPTS_TOKENS = 500  # colocated: the output (max_tokens is at most 512) of the one request decoding while
+#                              prompts run on the other instance
 
 
 def _real_samples(url: str, prompts: list[str], rounds: int,
@@ -257,12 +260,13 @@ def _decode_beside_prefill(records: dict[str, list[dict]], after_s: float,
     return float(statistics.median(p / alone_s(b, c) for b, c, p in periods)), len(periods)
 
 
-def _stream_beside(url: str, prompts: list[str], work: Callable[[], float]) -> float:
-    """`work()` run while a decode batch of len(prompts) streams CONTENTION_TOKENS tokens each; raises if the batch
+def _stream_beside(url: str, prompts: list[str], work: Callable[[], Any],
+                   output_tokens: int = CONTENTION_TOKENS) -> Any:
+    """`work()` run while a decode batch of len(prompts) streams `output_tokens` tokens each; raises if the batch
     ended before the work did (the work would then not have run beside it)."""
     results: list = []
     streaming = threading.Thread(target=lambda: results.extend(run_stream(
-        url, [BenchRequest(f"probe-beside-{i}", p, CONTENTION_TOKENS, 0.0) for i, p in enumerate(prompts)])),
+        url, [BenchRequest(f"probe-beside-{i}", p, output_tokens, 0.0) for i, p in enumerate(prompts)])),
         daemon=True)
     streaming.start()
     time.sleep(CONTENTION_SETTLE_S)
@@ -273,22 +277,29 @@ def _stream_beside(url: str, prompts: list[str], work: Callable[[], float]) -> f
         raise RuntimeError(f"serving probe: the decode batch beside the prefills failed: "
                            f"{[r.error for r in results if r.error] or 'no results'}")
     if min(r.token_times_s[-1] for r in results) < done_s:
-        raise RuntimeError(f"serving probe: the decode batch of {len(prompts)} x {CONTENTION_TOKENS} tokens ended "
+        raise RuntimeError(f"serving probe: the decode batch of {len(prompts)} x {output_tokens} tokens ended "
                            f"before the prefills beside it did; the machine is faster than this probe assumes")
     return value
 
 
-def _decode_beside_decode(build_root: Path, prompts: list[str],
-                          trace_dir: Path) -> dict[int, list[tuple[int, int, float]]]:
-    """The decode periods of two colocated instances stepping together, by batch: a deployment of two, and for each
-    of PAIR_BATCHES that many requests for each instance (Triton hands them out in turn,
-    tests/e2e/test_instance_dispatch.py), traced; only the steps at that batch (not the batch forming or draining)."""
+def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str,
+                    trace_dir: Path) -> tuple[dict[int, list[tuple[int, int, float]]], tuple[float, float]]:
+    """Two colocated instances stepping together: a deployment of two, traced (Triton hands an instance group's
+    requests out in turn, tests/e2e/test_instance_dispatch.py).
+    - The decode periods by batch: for each of PAIR_BATCHES that many requests for each instance; only the steps at
+      that batch (not the batch forming or draining).
+    - Prompts beside the other instance's decode: one request decodes BESIDE_PROMPTS_TOKENS tokens on one instance
+      while 2 x LONG_PROMPT_ROUNDS prompts of LONG_PROMPT_TOKENS run one after another, every other one on the other
+      instance (alone in its pass there) and every other one in a step with the decode; the (start, end) of that
+      phase, for _prompts_beside_decode."""
     with step_trace.tracing(trace_dir):
         dep = deployment.up("probe-colocated-pair", ReferenceDeployment(build_root, mode="colocated",
                                                                         colocated_instances=2), replace=True)
     spans = {}
     try:
-        run_stream(dep.server.grpc_url, [BenchRequest(f"warmup-pair-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
+        url = dep.server.grpc_url
+        run_stream(url, [BenchRequest(f"warmup-pair-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
+        warm_every_instance(url, long_prompt, 2)
         for batch in PAIR_BATCHES:
             started = time.monotonic()
             # one after another, PAIR_SPACING_S apart: sent at once, Triton handed 8 out as 3 and 5 (measured here)
@@ -299,12 +310,37 @@ def _decode_beside_decode(build_root: Path, prompts: list[str],
                 raise RuntimeError(f"serving probe: a request of the colocated pair failed: "
                                    f"{next(r.error for r in results if r.error)}")
             spans[batch] = (started, time.monotonic())
+        started = time.monotonic()
+        _stream_beside(url, prompts[:1], lambda: [_lone_prefill(url, long_prompt, f"beside-decode-{r}")
+                                                  for r in range(2 * LONG_PROMPT_ROUNDS)], BESIDE_PROMPTS_TOKENS)
+        beside_span = (started, time.monotonic())
     finally:
         deployment.down(dep.name)
     traced = step_trace.read_trace(trace_dir)
     return {batch: [p for records in traced.values()
                     for p in step_trace.decode_periods([r for r in records if lo <= r["t_s"] <= hi]) if p[0] == batch]
-            for batch, (lo, hi) in spans.items()}
+            for batch, (lo, hi) in spans.items()}, beside_span
+
+
+def _prompts_beside_decode(records: dict[str, list[dict]], span_s: tuple[float, float],
+                           alone_s: Callable[[int, int], float]) -> tuple[float, float, int]:
+    """In a colocated pair's trace, within `span_s`: each engine's passes over one prompt of LONG_PROMPT_TOKENS
+    alone (no decode rows), and the other engines' decode steps inside them. (The prompts' median pass, seconds;
+    the decode steps' slowdown, their median period over alone_s(batch, context); how many steps.)"""
+    def within(recs: list[dict]) -> list[dict]:
+        return [r for r in recs if span_s[0] <= r["t_s"] <= span_s[1]]
+
+    passes = {name: step_trace.prefill_passes(within(recs), LONG_PROMPT_TOKENS) for name, recs in records.items()}
+    periods = [p for name, recs in records.items()
+               for p in step_trace.decode_periods(within(recs), within=[span for other, spans in passes.items()
+                                                                        if other != name for span in spans])]
+    durations = [end - start for spans in passes.values() for start, end in spans]
+    if not durations or len(periods) < MIN_PERIODS:
+        raise RuntimeError(f"serving probe: {len(durations)} prompts of {LONG_PROMPT_TOKENS} tokens alone in their "
+                           f"pass beside {len(periods)} decode steps of the other colocated instance, 1 and "
+                           f"{MIN_PERIODS} needed")
+    return (float(statistics.median(durations)),
+            float(statistics.median(p / alone_s(b, c) for b, c, p in periods)), len(periods))
 
 
 def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, rounds: int = 3,
@@ -327,8 +363,10 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             real1 = statistics.median(ttft1), statistics.median(tpot1)
             warm_every_instance(url, long_prompt, 1)
             prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
+            lone_from = time.monotonic()
             real_prefill_s, in_process_s, ttft_long = _prefill_side_by_side(url, long_prompt, LONG_PROMPT_TOKENS,
                                                                             prefill_engine, LONE_ROUNDS)
+            lone_span = (lone_from, time.monotonic())
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = serving_cpu_reader(dep)
@@ -345,7 +383,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         alone = [p for records in traced.values()
                  for p in step_trace.decode_periods([r for r in records if r["t_s"] <= alone_until])]
         if mode == "colocated":
-            pair = _decode_beside_decode(build_root, prompts, Path(trace_dir) / "pair")
+            pair, beside_span = _colocated_pair(build_root, prompts, long_prompt, Path(trace_dir) / "pair")
+            pair_traced = step_trace.read_trace(Path(trace_dir) / "pair")
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
     opts = options_from_engines(build_root, ClusterOptions(num_colocated=1, first_token_at="decode"))
     curves = instance_perf(model, hardware, 1, opts.weight_dtype, opts.kv_dtype).perf   # the curves alone
@@ -358,7 +397,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
 
     # the serving path's cores while decode batches stream beside: their tokens per second alone, as the simulator
     # counts them
-    prefill_weight = 1.0
+    prefill_weight, prefill_step_cores = 1.0, None
     if mode == "disaggregated":
         batch_s = alone_s(CONTENTION_BATCH, CONTENTION_BATCH * (PROMPT_TOKENS + CONTENTION_TOKENS // 2))
         serving_cores = cpu_per_token_s * CONTENTION_BATCH / batch_s
@@ -383,13 +422,29 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         step_cores, per_token_s = fit_shared_demand(points, host_cores, cpu_per_token_s)
         slowdown = points[-1][1]
         serving_cores = per_token_s * points[-1][0]
+        # a prompt alone in its pass on one instance beside the other's decode: its pass against the same prompt's
+        # lone passes in the one-instance server (after an idle gap, as _prefill_side_by_side ran them)
+        lone_passes = [end - start for records in traced.values()
+                       for start, end in step_trace.prefill_passes(
+                           [r for r in records if lone_span[0] <= r["t_s"] <= lone_span[1]], LONG_PROMPT_TOKENS)]
+        if not lone_passes:
+            raise RuntimeError(f"serving probe: no lone pass over {LONG_PROMPT_TOKENS} tokens in the trace")
+        prompt_s, decode_slowdown, num_beside = _prompts_beside_decode(pair_traced, beside_span, alone_s)
+        prompt_slowdown = prompt_s / statistics.median(lone_passes)
+        prefill_weight = fit_prefill_weight(prompt_slowdown, decode_slowdown)
+        prompt_beside = 2.0 / (1.0 / prompt_slowdown + 1.0 / max(1.0, decode_slowdown))
+        decode_tokens_per_s = 1.0 / alone_s(1, PROMPT_TOKENS + BESIDE_PROMPTS_TOKENS // 2)
+        prefill_step_cores = fit_step_cores(prompt_beside, host_cores, per_token_s * decode_tokens_per_s)
         beside = (f"two colocated instances decoding {', '.join(map(str, pair))} each: "
                   + ", ".join(f"x{x:.2f} at {t:.0f} tokens/s" for t, x in points)
                   + f" -> the serving path takes {per_token_s * 1e3:.2f} ms of the cores per token (of the "
-                  f"{cpu_per_token_s * 1e3:.2f} it spends); at {CONTENTION_BATCH} each")
+                  f"{cpu_per_token_s * 1e3:.2f} it spends); a {LONG_PROMPT_TOKENS}-token prompt on one beside a "
+                  f"decode of 1 on the other: the prompt x{prompt_slowdown:.2f} its pass alone, the decode steps "
+                  f"x{decode_slowdown:.2f} ({num_beside} steps) -> prefill weight {prefill_weight:.2f}, "
+                  f"{prefill_step_cores:.2f} cores per step beside a prompt; at {CONTENTION_BATCH} each")
     overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=per_token_s,
                                step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
-                               prefill_weight=prefill_weight,
+                               prefill_weight=prefill_weight, prefill_step_cores=prefill_step_cores,
                                prefill_compute_scale=fit_prefill_scale(real_prefill_s, in_process_s))
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
     # the measured costs without any response latency: what the real TTFTs are held against

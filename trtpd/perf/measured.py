@@ -80,6 +80,10 @@ class ServingOverhead(BaseModel):
                                   "often wake owed CPU and run first (trtpd/sim/shared_cores.py); measured with a "
                                   "prefill beside a decode batch, the decode's slowdown over the prefill's "
                                   "(trtpd/bench/serving_probe.fit_prefill_weight); 1: equal shares")
+    prefill_step_cores: float | None = Field(default=None, ge=1, description="step_cores while a prefill-only "
+                                             "pass is in flight (with host_cores): colocated, where step_cores "
+                                             "comes from two instances decoding, a prompt on one beside the other's "
+                                             "decode (trtpd/bench/serving_probe.py); none: step_cores")
     prefill_compute_scale: float = Field(default=1.0, gt=0, description="the engine's prefill passes in its serving "
                                          "process (its response, KV export and watch threads beside it) take this "
                                          "multiple of the profile's, timed alone")

@@ -59,6 +59,7 @@ class _Step:
     arg: Any
     started_s: float
     weight: float = 1.0           # its share of the cores against other steps' (prefill_weight: a prefill-only pass)
+    prefill_only: bool = False    # a pass that streams no token until it ends
     speed: float = 1.0            # the fraction of its speed alone it runs at now
     version: int = 0              # its latest end event's; any other end event of its instance is stale
 
@@ -79,7 +80,7 @@ class SharedCores:
         self._progress(now_s)
         weight = self.spec.prefill_weight if prefill_only else 1.0
         step = self.steps[id(instance)] = _Step(instance, alone_s, alone_s, tokens_per_s, handler, arg, now_s,
-                                                weight)
+                                                weight, prefill_only)
         self._reschedule(now_s, step)
 
     def _progress(self, now_s: float) -> None:
@@ -95,7 +96,12 @@ class SharedCores:
         steps = self.steps.values()
         # a step alone keeps one core: what it costs beside others is measured beside others (a lone step's costs
         # in the server are in its alone time already, ServingOverhead's step costs)
-        per_step = self.spec.step_cores if len(steps) > 1 else 1.0
+        if len(steps) < 2:
+            per_step = 1.0
+        elif self.spec.prefill_step_cores is not None and any(s.prefill_only for s in steps):
+            per_step = self.spec.prefill_step_cores     # a prompt's pass beside a step that streams
+        else:
+            per_step = self.spec.step_cores
         demand = per_step * len(steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
         if demand <= self.spec.cores:
             speeds = [1.0] * len(steps)

@@ -39,8 +39,9 @@ class SteppingInstance:
         self.sum_batch_steps += self.num_ready
         self.is_stepping = True
         if self.shared is not None:
+            # a step of prompts alone (no decode rows) streams nothing until it ends: a prefill-only pass
             self.shared.run(self, now_s, duration_s, self._step_done, None, self.num_ready / duration_s
-                            if duration_s > 0 else 0.0)
+                            if duration_s > 0 else 0.0, prefill_only=self.num_ready == 0)
             return
         end_s = now_s + duration_s
         if decode_steps is not None and self.inline_steps:

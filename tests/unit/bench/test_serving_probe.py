@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from trtpd.bench.serving_probe import (LONG_PROMPT_TOKENS, MIN_PERIODS, _decode_beside_prefill, fit_prefill_weight,
+from trtpd.bench.serving_probe import (LONG_PROMPT_TOKENS, MIN_PERIODS, _decode_beside_prefill, _prompts_beside_decode,
+                                       fit_prefill_weight,
                                        fit_shared_demand, fit_step_cores, fit_step_costs)
 from trtpd.perf.measured import ServingOverhead
 from tests.unit.engine.test_step_trace import _turn
@@ -234,3 +235,23 @@ def test_the_colocated_pairs_slowdown_at_two_loads_gives_the_cores_a_step_takes_
         (fit_step_cores(1.80, 2, 0.00127 * 1065), 0.00127))
     # a slowdown that one core per step already makes needs no more than a core
     assert fit_shared_demand([(496.0, 1.0), (1065.0, 1.05)], 2, 0.00127)[0] == 1.0
+
+
+def test_a_colocated_prompt_alone_in_its_pass_is_timed_beside_the_other_instances_decode_steps_inside_it():
+    """The colocated pair's phase of prompts beside a decode: Triton alternates the instances, so every other prompt
+    runs alone in its pass on the idle instance (timed) and every other one in a step with the decode (not a
+    prompt-only pass: left out); the decode steps counted are the other instance's, inside the timed passes."""
+    alone_s = lambda batch, context: 0.010                               # noqa: E731
+    # instance A decodes 1 sequence throughout; its prompts' steps are mixed (a prompt and the decode row)
+    a = [r for i in range(60) for r in _turn(1.0 + 0.015 * i, 0.012, [[1, 100 + i]])]
+    a += [_pass(1.5, 0.2, [[LONG_PROMPT_TOKENS, 0], [1, 140]])]
+    # instance B: prompts alone in their pass, 0.15 s each (the second ends after the phase: left out)
+    b = [_pass(1.05, 0.15, [[LONG_PROMPT_TOKENS, 0]]), _pass(1.3, 0.15, [[LONG_PROMPT_TOKENS, 0]]),
+         _pass(1.85, 0.2, [[LONG_PROMPT_TOKENS, 0]])]
+    records = {"colocated-engine-1": a, "colocated-engine-2": b}
+    prompt_s, slowdown, steps = _prompts_beside_decode(records, (1.0, 1.8), alone_s)
+    assert prompt_s == pytest.approx(0.15)
+    # A's turns inside B's two passes: 15 ms periods over 10 ms alone
+    assert slowdown == pytest.approx(1.5) and steps >= MIN_PERIODS
+    with pytest.raises(RuntimeError, match="prompts of"):
+        _prompts_beside_decode({"colocated-engine-1": a}, (1.0, 1.8), alone_s)

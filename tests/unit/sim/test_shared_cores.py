@@ -19,11 +19,12 @@ class _Instance:
 
 
 def _ends(cores: int, steps: list[tuple[float, float, float]], serving_cpu_per_token_s: float = 0.0,
-          step_cores: float = 1.0, prefill_weight: float = 1.0):
+          step_cores: float = 1.0, prefill_weight: float = 1.0, prefill_step_cores: float | None = None):
     """(start, work alone, tokens/s) per step, each on an instance of its own -> (end time, busy_s) of each; a step
     that streams nothing (tokens/s 0) is a prefill-only pass."""
     loop = EventLoop()
-    shared = SharedCores(SharedCoresSpec(cores, serving_cpu_per_token_s, step_cores, prefill_weight), loop)
+    shared = SharedCores(SharedCoresSpec(cores, serving_cpu_per_token_s, step_cores, prefill_weight,
+                                         prefill_step_cores), loop)
     ends, instances = {}, [_Instance() for _ in steps]
     for i, ((start_s, alone_s, tokens_per_s), instance) in enumerate(zip(steps, instances)):
         def begin(now_s, _, i=i, instance=instance, alone_s=alone_s, tokens_per_s=tokens_per_s):
@@ -134,3 +135,35 @@ def test_a_pulled_request_answers_its_first_token_when_it_joins_a_decode_step():
     steps_since = (r.first_token_s[1] - r.first_token_s[0]) / 0.01
     assert r.first_token_s[1] > r.transfer_end_s[1] + 1e-4                # waited for the step in flight
     assert steps_since == pytest.approx(round(steps_since), abs=1e-6)      # on a step boundary of the batch
+
+
+def test_a_step_beside_a_prefill_only_pass_takes_the_cores_measured_beside_a_prompt():
+    """Colocated, the probe measures two instances decoding (step_cores) and a prompt on one beside the other's
+    decode (prefill_step_cores; measured: the prompt 1.37x its pass alone, the decode steps 1.22x, so 1.20 cores per
+    step where two decoding took 1.5). Two cores, a prompt-only pass and a decode step of 1 s each from 0 s: at 1.2
+    cores per step both end at 1.2 s; two decode steps at 1.5 cores per step end at 1.5 s."""
+    ends, _ = _ends(2, [(0.0, 1.0, 0.0), (0.0, 1.0, 100.0)], step_cores=1.5, prefill_step_cores=1.2)
+    assert ends == pytest.approx([1.2, 1.2])
+    ends, _ = _ends(2, [(0.0, 1.0, 100.0), (0.0, 1.0, 100.0)], step_cores=1.5, prefill_step_cores=1.2)
+    assert ends == pytest.approx([1.5, 1.5])
+    ends, _ = _ends(2, [(0.0, 1.0, 0.0), (0.0, 1.0, 100.0)], step_cores=1.5)    # none measured: step_cores
+    assert ends == pytest.approx([1.5, 1.5])
+    with pytest.raises(ValueError, match="prefill_step_cores"):
+        SharedCoresSpec(cores=2, prefill_step_cores=0.5)
+
+
+def test_a_colocated_step_of_prompts_alone_is_a_prefill_only_pass_on_the_shared_cores():
+    """A colocated instance's step with prompts and no decode rows streams nothing until it ends: on the shared
+    cores it weighs prefill_weight and takes prefill_step_cores beside the other instance's decode. Two instances
+    on one core; the first decodes a long request from 0 s, the second gets a prompt at 0.1 s: with the prompt
+    weighing 0.5 its step runs at a third of its speed instead of half, and ends later."""
+    perf = LinearPerf(prefill_fixed_s=0.02, decode_fixed_s=0.002)
+    requests = RequestArrays([0.0, 0.1], [16, 16], [400, 2])
+    cluster = replace(colocated(perf, num=2), routing="round_robin")
+    equal = latencies(simulate(replace(cluster, shared_cores=SharedCoresSpec(1)), requests), warmup_fraction=0.0)
+    weighted = latencies(simulate(replace(cluster, shared_cores=SharedCoresSpec(1, prefill_weight=0.5)), requests),
+                         warmup_fraction=0.0)
+    alone = latencies(simulate(cluster, requests), warmup_fraction=0.0)
+    prompt_s = alone.ttft_s[1]
+    assert equal.ttft_s[1] == pytest.approx(2 * prompt_s, rel=0.05)
+    assert weighted.ttft_s[1] == pytest.approx(3 * prompt_s, rel=0.05)
