@@ -154,7 +154,8 @@ class ColocatedInstance(SteppingInstance):
             self.is_stepping = False
             return
         duration_s = self._step_s(prefill_tokens, sum_sq, self.num_ready, self.total_context_tokens)
-        self._begin_step(now_s, duration_s, self._decode_steps if after_step and not admitted else None)
+        self._begin_step(now_s, duration_s, self._decode_steps if after_step and not admitted else None,
+                         prompt_pass=bool(admitted))
 
     def _decode_only_plan(self) -> tuple[SimSequence, ...]:
         if self.exact_steps and self.num_ready:
@@ -179,7 +180,7 @@ class ColocatedInstance(SteppingInstance):
         self.busy_s += duration_s
         self.is_stepping = True
         if self.shared is not None:
-            self.shared.run(self, now_s, duration_s, self._step_done, prefill_only=True)
+            self.shared.run(self, now_s, duration_s, self._step_done, prompt_pass=True)
         else:
             self.loop.push(now_s + duration_s, self._step_done)
 
@@ -198,7 +199,8 @@ class ColocatedInstance(SteppingInstance):
                 end_s = self._run_chunk_steps(end_s)
             self.loop.push(end_s, self._step_done)
             return
-        self._begin_step(now_s, duration_s, self._decode_steps if after_step and not self.step_chunks else None)
+        self._begin_step(now_s, duration_s, self._decode_steps if after_step and not self.step_chunks else None,
+                         prompt_pass=bool(self.step_chunks))
 
     def _run_chunk_steps(self, end_s: float) -> float:
         """Chunked: ends the step that ends at end_s and starts the next, inline, while that step end is before

@@ -72,7 +72,7 @@ class PrefillInstance:
         self.free_kv_tokens -= num_tokens
         self.is_busy = True
         if self.shared is not None:
-            self.shared.run(self, now_s, duration_s, self._done, batch, prefill_only=True)
+            self.shared.run(self, now_s, duration_s, self._done, batch, prompt_pass=True)
         else:
             self.loop.push(now_s + duration_s, self._done, batch)
 

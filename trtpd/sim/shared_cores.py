@@ -59,7 +59,7 @@ class _Step:
     arg: Any
     started_s: float
     weight: float = 1.0           # its share of the cores against other steps' (prefill_weight: a prefill-only pass)
-    prefill_only: bool = False    # a pass that streams no token until it ends
+    prompt_pass: bool = False     # a pass that computes prompts (alone or beside decode rows): it runs without a break
     speed: float = 1.0            # the fraction of its speed alone it runs at now
     version: int = 0              # its latest end event's; any other end event of its instance is stale
 
@@ -73,14 +73,15 @@ class SharedCores:
         self._versions = itertools.count(1)      # one for all: an instance's earlier steps' events never match
 
     def run(self, instance: Any, now_s: float, alone_s: float, handler: Callable[[float, Any], None],
-            arg: Any = None, tokens_per_s: float = 0.0, prefill_only: bool = False) -> None:
+            arg: Any = None, tokens_per_s: float = 0.0, prompt_pass: bool = False) -> None:
         """Starts `instance`'s step of `alone_s` seconds of work (already added to instance.busy_s); calls
         handler(end time, arg) when it is done, and adds the time it took beyond alone_s to instance.busy_s.
-        prefill_only: a pass that streams no token (it weighs spec.prefill_weight in the sharing)."""
+        prompt_pass: a pass that computes prompts, alone or beside decode rows, and hands nothing on until it ends
+        (it weighs spec.prefill_weight in the sharing, and steps beside it take spec.prefill_step_cores)."""
         self._progress(now_s)
-        weight = self.spec.prefill_weight if prefill_only else 1.0
+        weight = self.spec.prefill_weight if prompt_pass else 1.0
         step = self.steps[id(instance)] = _Step(instance, alone_s, alone_s, tokens_per_s, handler, arg, now_s,
-                                                weight, prefill_only)
+                                                weight, prompt_pass)
         self._reschedule(now_s, step)
 
     def _progress(self, now_s: float) -> None:
@@ -98,7 +99,7 @@ class SharedCores:
         # in the server are in its alone time already, ServingOverhead's step costs)
         if len(steps) < 2:
             per_step = 1.0
-        elif self.spec.prefill_step_cores is not None and any(s.prefill_only for s in steps):
+        elif self.spec.prefill_step_cores is not None and any(s.prompt_pass for s in steps):
             per_step = self.spec.prefill_step_cores     # a prompt's pass beside a step that streams
         else:
             per_step = self.spec.step_cores

@@ -31,17 +31,17 @@ class SteppingInstance:
     shared: SharedCores | None = None
 
     def _begin_step(self, now_s: float, duration_s: float,
-                    decode_steps: Callable[[int], DecodeSteps] | None = None) -> None:
+                    decode_steps: Callable[[int], DecodeSteps] | None = None, prompt_pass: bool = False) -> None:
         """decode_steps: given for a decode-only step begun at the end of the previous one (so that
         admission was tried at its start): batch -> the run of decode steps at that batch
-        (trtpd.perf.step_runs), to run the following decode-only steps inline."""
+        (trtpd.perf.step_runs), to run the following decode-only steps inline. prompt_pass: the step computes
+        prompts (trtpd.sim.shared_cores: it runs its whole pass without a break)."""
         self.busy_s += duration_s
         self.sum_batch_steps += self.num_ready
         self.is_stepping = True
         if self.shared is not None:
-            # a step of prompts alone (no decode rows) streams nothing until it ends: a prefill-only pass
             self.shared.run(self, now_s, duration_s, self._step_done, None, self.num_ready / duration_s
-                            if duration_s > 0 else 0.0, prefill_only=self.num_ready == 0)
+                            if duration_s > 0 else 0.0, prompt_pass=prompt_pass)
             return
         end_s = now_s + duration_s
         if decode_steps is not None and self.inline_steps:

@@ -111,7 +111,7 @@ def test_the_prefill_weight_and_step_cores_give_back_both_slowdowns_measured_bes
     for name, work_s, tokens_per_s in (("prefill", 1.0, 0.0), ("decode", 10.0, 690.0)):
         instance = type(name, (), {"busy_s": 0.0})()
         loop.push(0.0, lambda now_s, _, i=instance, w=work_s, t=tokens_per_s, n=name: shared.run(
-            i, now_s, w, lambda end_s, _, n=n: ends.__setitem__(n, end_s), None, t, prefill_only=t == 0))
+            i, now_s, w, lambda end_s, _, n=n: ends.__setitem__(n, end_s), None, t, prompt_pass=t == 0))
     loop.run()
     assert ends["prefill"] == pytest.approx(1.63)
     assert ends["decode"] == pytest.approx(1.63 + 10.0 - 1.63 / 1.22)

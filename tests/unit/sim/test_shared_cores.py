@@ -30,7 +30,7 @@ def _ends(cores: int, steps: list[tuple[float, float, float]], serving_cpu_per_t
         def begin(now_s, _, i=i, instance=instance, alone_s=alone_s, tokens_per_s=tokens_per_s):
             instance.busy_s += alone_s
             shared.run(instance, now_s, alone_s, lambda end_s, _: ends.__setitem__(i, end_s), None, tokens_per_s,
-                       prefill_only=tokens_per_s == 0)
+                       prompt_pass=tokens_per_s == 0)
         loop.push(start_s, begin)
     loop.run()
     return [ends[i] for i in range(len(steps))], [x.busy_s for x in instances]
