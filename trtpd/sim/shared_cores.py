@@ -23,18 +23,22 @@ in cores:
   per step would make 1.31-1.33x and 1.65-1.68x; benchmarks/pair_slowdown.py).
 Both terms come from the machine the profile was measured on (`ServingOverhead.host_cores`).
 
-The steps in flight do not share what the cores give them equally. A prefill-only pass (no token streams from it)
-computes without a break for its whole length, while a step that streams tokens (decode, or a colocated step with
-decode rows) hands them on after every pass and the serving path's threads wake for each. Linux shares the cores
-by each thread's lag behind its fair share and runs an eligible thread (lag >= 0) with the earliest virtual deadline
-first, its lag kept across a sleep (EEVDF, kernel 6.6 on: Documentation/scheduler/sched-eevdf.rst; kernel/sched/
-features.h PLACE_LAG): a thread that blocks every few milliseconds wakes owed CPU and runs ahead of the prefill's,
-which never blocks in a pass, so the prefill gets less than an equal share. Measured on the 2-core reference fleet
-(per-thread CPU in the step trace): a prefill beside a decode batch ran 1.56x the curve with its thread on a core
-69% of the pass, the decode passes beside it 1.15x. So a prefill-only step weighs `prefill_weight` (measured by
-`trtpd profile --serving`, serving_probe.fit_prefill_weight) against 1 for a step that streams: the steps' speeds
-add up to what processor sharing gives them together (steps in flight x cores / demand), split in proportion to
-their weights, and none runs faster than alone.
+The steps in flight do not share what the cores give them equally. A pass that computes prompts (a prefill
+instance's, or a colocated step with prompts in it, alone or beside decode rows: `prompt_pass`) runs without a
+break for its whole length, while a step that only decodes hands its tokens on after every pass and the serving
+path's threads wake for each. Linux shares the cores by each thread's lag behind its fair share and runs an
+eligible thread (lag >= 0) with the earliest virtual deadline first, its lag kept across a sleep (EEVDF, kernel 6.6
+on: Documentation/scheduler/sched-eevdf.rst; kernel/sched/features.h PLACE_LAG): a thread that blocks every few
+milliseconds wakes owed CPU and runs ahead of one that never blocks in a pass. Measured on the 2-core reference
+fleet (per-thread CPU in the step trace): a prefill beside a decode batch ran 1.56x the curve with its thread on a
+core 69% of the pass, the decode passes beside it 1.15x. So a prompt pass weighs `prefill_weight` (measured by
+`trtpd profile --serving`, serving_probe.fit_prefill_weight) against 1 for a step that only decodes: the steps'
+speeds add up to what processor sharing gives them together (steps in flight x cores / demand), split in proportion
+to their weights, and none runs faster than alone. While a prompt pass is in flight each step takes
+`prefill_step_cores` where the profile has it instead of `step_cores`: colocated, step_cores comes from two
+instances decoding, and a prompt beside the other instance's decode costs the cores differently (measured: the
+prompt 1.37x its pass alone, the decode steps 1.22x, so 1.20 cores per step, where two instances decoding took
+1.16; in another run 1.23 against 1.07).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ class _Step:
     handler: Callable[[float, Any], None]
     arg: Any
     started_s: float
-    weight: float = 1.0           # its share of the cores against other steps' (prefill_weight: a prefill-only pass)
+    weight: float = 1.0           # its share of the cores against other steps' (prefill_weight: a prompt pass)
     prompt_pass: bool = False     # a pass that computes prompts (alone or beside decode rows): it runs without a break
     speed: float = 1.0            # the fraction of its speed alone it runs at now
     version: int = 0              # its latest end event's; any other end event of its instance is stale

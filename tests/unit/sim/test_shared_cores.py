@@ -152,18 +152,21 @@ def test_a_step_beside_a_prefill_only_pass_takes_the_cores_measured_beside_a_pro
         SharedCoresSpec(cores=2, prefill_step_cores=0.5)
 
 
-def test_a_colocated_step_of_prompts_alone_is_a_prefill_only_pass_on_the_shared_cores():
-    """A colocated instance's step with prompts and no decode rows streams nothing until it ends: on the shared
-    cores it weighs prefill_weight and takes prefill_step_cores beside the other instance's decode. Two instances
-    on one core; the first decodes a long request from 0 s, the second gets a prompt at 0.1 s: with the prompt
-    weighing 0.5 its step runs at a third of its speed instead of half, and ends later."""
+def test_a_colocated_step_that_computes_prompts_is_a_prompt_pass_on_the_shared_cores():
+    """A colocated instance's step that computes prompts (alone, or beside its decode rows) runs its whole pass
+    without a break, as a prefill instance's does: on the shared cores it weighs prefill_weight and takes
+    prefill_step_cores beside the other instance's decode. Two instances on one core, routed in turn.
+    - Prompts alone: the first instance decodes a long request from 0 s, the second gets a prompt at 0.1 s; with the
+      prompt weighing 0.5 its step runs at a third of its speed instead of half.
+    - Beside its own decode rows: both instances decode a long request, the first gets a prompt at 0.1 s; its mixed
+      step (the prompt and one decode row) likewise."""
     perf = LinearPerf(prefill_fixed_s=0.02, decode_fixed_s=0.002)
-    requests = RequestArrays([0.0, 0.1], [16, 16], [400, 2])
     cluster = replace(colocated(perf, num=2), routing="round_robin")
-    equal = latencies(simulate(replace(cluster, shared_cores=SharedCoresSpec(1)), requests), warmup_fraction=0.0)
-    weighted = latencies(simulate(replace(cluster, shared_cores=SharedCoresSpec(1, prefill_weight=0.5)), requests),
-                         warmup_fraction=0.0)
-    alone = latencies(simulate(cluster, requests), warmup_fraction=0.0)
-    prompt_s = alone.ttft_s[1]
-    assert equal.ttft_s[1] == pytest.approx(2 * prompt_s, rel=0.05)
-    assert weighted.ttft_s[1] == pytest.approx(3 * prompt_s, rel=0.05)
+    for requests, i in ((RequestArrays([0.0, 0.1], [16, 16], [400, 2]), 1),
+                        (RequestArrays([0.0, 0.0, 0.1], [16, 16, 16], [400, 400, 2]), 2)):
+        alone = latencies(simulate(cluster, requests), warmup_fraction=0.0)
+        equal = latencies(simulate(replace(cluster, shared_cores=SharedCoresSpec(1)), requests), warmup_fraction=0.0)
+        weighted = latencies(simulate(replace(cluster, shared_cores=SharedCoresSpec(1, prefill_weight=0.5)),
+                                      requests), warmup_fraction=0.0)
+        assert equal.ttft_s[i] == pytest.approx(2 * alone.ttft_s[i], rel=0.05), i
+        assert weighted.ttft_s[i] == pytest.approx(3 * alone.ttft_s[i], rel=0.05), i
