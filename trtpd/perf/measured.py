@@ -75,13 +75,15 @@ class ServingOverhead(BaseModel):
                               "work in its process costs a step beside it; measured with two engines stepping "
                               "together (trtpd/bench/serving_probe.fit_step_cores, fit_shared_demand); 1: the engine "
                               "thread alone")
-    prefill_weight: float = Field(default=1.0, gt=0, le=1, description="a prefill-only pass's share of the host's "
-                                  "cores against a step that streams tokens (with host_cores): threads that block "
-                                  "often wake owed CPU and run first (trtpd/sim/shared_cores.py); measured with a "
-                                  "prefill beside a decode batch, the decode's slowdown over the prefill's "
-                                  "(trtpd/bench/serving_probe.fit_prefill_weight); 1: equal shares")
-    prefill_step_cores: float | None = Field(default=None, ge=1, description="step_cores while a prefill-only "
-                                             "pass is in flight (with host_cores): colocated, where step_cores "
+    prefill_weight: float = Field(default=1.0, gt=0, le=1, description="a prompt pass's share of the host's cores "
+                                  "(a prefill instance's pass, or a colocated step that computes prompts) against a "
+                                  "step that only decodes (with host_cores): threads that block often wake owed CPU "
+                                  "and run first (trtpd/sim/shared_cores.py); measured with a prefill beside a "
+                                  "decode batch, or a colocated prompt beside the other instance's decode, the "
+                                  "decode's slowdown over the prompt's (trtpd/bench/serving_probe.fit_prefill_weight)"
+                                  "; 1: equal shares")
+    prefill_step_cores: float | None = Field(default=None, ge=1, description="step_cores while a prompt pass is "
+                                             "in flight (with host_cores): colocated, where step_cores "
                                              "comes from two instances decoding, a prompt on one beside the other's "
                                              "decode (trtpd/bench/serving_probe.py); none: step_cores")
     prefill_compute_scale: float = Field(default=1.0, gt=0, description="the engine's prefill passes in its serving "

@@ -27,10 +27,10 @@ class SharedCoresSpec:
     simulator's processor sharing is trtpd/sim/shared_cores.py)."""
 
     cores: int                            # the cores the deployment's processes run on
-    serving_cpu_per_token_s: float = 0.0  # CPU seconds the serving path spends per streamed token
+    serving_cpu_per_token_s: float = 0.0  # the cores' seconds the serving path takes from the engines per token
     step_cores: float = 1.0               # the host's cores a step in flight takes as the other engines feel it
-    prefill_weight: float = 1.0           # a prefill-only pass's share of the cores against a step that streams
-    prefill_step_cores: float | None = None   # step_cores while a prefill-only pass is in flight (None: step_cores)
+    prefill_weight: float = 1.0           # a prompt pass's share of the cores against a step that only decodes
+    prefill_step_cores: float | None = None   # step_cores while a prompt pass is in flight (None: step_cores)
 
     def __post_init__(self) -> None:
         if self.cores < 1:
