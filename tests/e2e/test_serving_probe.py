@@ -30,7 +30,7 @@ def test_the_disaggregated_probe_measures_every_serving_term_through_the_real_se
     assert len(said) == 1 and "the decode steps x" in said[0] and "prefill weight" in said[0], said
 
 
-def test_the_colocated_probe_reads_a_pair_of_instances_at_two_loads_through_the_real_server(trtpd_home, fp16_root):
+def test_the_colocated_probe_reads_a_pair_at_three_loads_and_a_prompt_beside_a_decode_through_the_real_server(trtpd_home, fp16_root):
     hardware = _curves_only()
     said: list[str] = []
     overhead = measure_serving_overhead(fp16_root, hardware, "colocated", progress=said.append)

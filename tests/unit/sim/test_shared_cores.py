@@ -137,7 +137,7 @@ def test_a_pulled_request_answers_its_first_token_when_it_joins_a_decode_step():
     assert steps_since == pytest.approx(round(steps_since), abs=1e-6)      # on a step boundary of the batch
 
 
-def test_a_step_beside_a_prefill_only_pass_takes_the_cores_measured_beside_a_prompt():
+def test_a_step_beside_a_prompt_pass_takes_the_cores_measured_beside_a_prompt():
     """Colocated, the probe measures two instances decoding (step_cores) and a prompt on one beside the other's
     decode (prefill_step_cores; measured: the prompt 1.37x its pass alone, the decode steps 1.22x, so 1.20 cores per
     step where two decoding took 1.5). Two cores, a prompt-only pass and a decode step of 1 s each from 0 s: at 1.2
