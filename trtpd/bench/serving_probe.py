@@ -245,6 +245,27 @@ def fit_prefill_weight(prefill_slowdown: float, decode_slowdown: float) -> float
     return min(1.0, max(1.0, decode_slowdown) / prefill_slowdown) if prefill_slowdown > 0 else 1.0
 
 
+def _in_span(records: list[dict], span_s: tuple[float, float]) -> list[dict]:
+    """The trace records whose time lies in span_s (start, end)."""
+    return [r for r in records if span_s[0] <= r["t_s"] <= span_s[1]]
+
+
+def _slowdown(periods: list[tuple[int, int, float]], alone_s: Callable[[int, int], float]) -> float:
+    """The median decode period over alone_s(batch, context): how much slower than alone the steps ran."""
+    return float(statistics.median(p / alone_s(b, c) for b, c, p in periods))
+
+
+def fit_beside_prompt(prompt_slowdown: float, decode_slowdown: float, host_cores: int,
+                      serving_cores: float) -> tuple[float, float, float]:
+    """(prefill_weight, the two steps' slowdown together, the step cores) from a prompt's pass and the decode steps
+    beside it, each slowed as measured, the serving path taking serving_cores: the weight splits the shared cores as
+    measured (fit_prefill_weight), and the step cores make the demand that gives the two speeds together, as one
+    slowdown each would (fit_step_cores)."""
+    together = 2.0 / (1.0 / prompt_slowdown + 1.0 / max(1.0, decode_slowdown))
+    return (fit_prefill_weight(prompt_slowdown, decode_slowdown), together,
+            fit_step_cores(together, host_cores, serving_cores))
+
+
 def _decode_beside_prefill(records: dict[str, list[dict]], after_s: float,
                            alone_s: Callable[[int, int], float]) -> tuple[float, int]:
     """The decode steps' slowdown (median period over alone_s(batch, context)) while the probe's long prompts were
@@ -257,7 +278,7 @@ def _decode_beside_prefill(records: dict[str, list[dict]], after_s: float,
     if len(periods) < MIN_PERIODS:
         raise RuntimeError(f"serving probe: {len(periods)} decode steps beside the {len(passes)} traced prefills of "
                            f"{LONG_PROMPT_TOKENS} tokens, {MIN_PERIODS} needed")
-    return float(statistics.median(p / alone_s(b, c) for b, c, p in periods)), len(periods)
+    return _slowdown(periods, alone_s), len(periods)
 
 
 def _stream_beside(url: str, prompts: list[str], work: Callable[[], Any],
@@ -282,8 +303,8 @@ def _stream_beside(url: str, prompts: list[str], work: Callable[[], Any],
     return value
 
 
-def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str,
-                    trace_dir: Path) -> tuple[dict[int, list[tuple[int, int, float]]], tuple[float, float]]:
+def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str, trace_dir: Path
+                    ) -> tuple[dict[str, list[dict]], dict[int, list[tuple[int, int, float]]], tuple[float, float]]:
     """Two colocated instances stepping together: a deployment of two, traced (Triton hands an instance group's
     requests out in turn, tests/e2e/test_instance_dispatch.py).
     - The decode periods by batch: for each of PAIR_BATCHES that many requests for each instance; only the steps at
@@ -291,7 +312,8 @@ def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str,
     - Prompts beside the other instance's decode: one request decodes BESIDE_PROMPTS_TOKENS tokens on one instance
       while 2 x LONG_PROMPT_ROUNDS prompts of LONG_PROMPT_TOKENS run one after another, every other one on the other
       instance (alone in its pass there) and every other one in a step with the decode; the (start, end) of that
-      phase, for _prompts_beside_decode."""
+      phase, for _prompts_beside_decode.
+    Returns the trace (records by engine), the periods by batch and that phase's span."""
     with step_trace.tracing(trace_dir):
         dep = deployment.up("probe-colocated-pair", ReferenceDeployment(build_root, mode="colocated",
                                                                         colocated_instances=2), replace=True)
@@ -303,7 +325,7 @@ def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str,
         for batch in PAIR_BATCHES:
             started = time.monotonic()
             # one after another, PAIR_SPACING_S apart: sent at once, Triton handed 8 out as 3 and 5 (measured here)
-            results = run_stream(dep.server.grpc_url, [
+            results = run_stream(url, [
                 BenchRequest(f"probe-pair-{batch}-{i}", p, CONTENTION_TOKENS, i * PAIR_SPACING_S)
                 for i, p in enumerate((prompts * 2)[:2 * batch])])
             if any(r.error for r in results):
@@ -317,9 +339,9 @@ def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str,
     finally:
         deployment.down(dep.name)
     traced = step_trace.read_trace(trace_dir)
-    return {batch: [p for records in traced.values()
-                    for p in step_trace.decode_periods([r for r in records if lo <= r["t_s"] <= hi]) if p[0] == batch]
-            for batch, (lo, hi) in spans.items()}, beside_span
+    return traced, {batch: [p for records in traced.values()
+                            for p in step_trace.decode_periods(_in_span(records, span)) if p[0] == batch]
+                    for batch, span in spans.items()}, beside_span
 
 
 def _prompts_beside_decode(records: dict[str, list[dict]], span_s: tuple[float, float],
@@ -327,20 +349,17 @@ def _prompts_beside_decode(records: dict[str, list[dict]], span_s: tuple[float, 
     """In a colocated pair's trace, within `span_s`: each engine's passes over one prompt of LONG_PROMPT_TOKENS
     alone (no decode rows), and the other engines' decode steps inside them. (The prompts' median pass, seconds;
     the decode steps' slowdown, their median period over alone_s(batch, context); how many steps.)"""
-    def within(recs: list[dict]) -> list[dict]:
-        return [r for r in recs if span_s[0] <= r["t_s"] <= span_s[1]]
-
-    passes = {name: step_trace.prefill_passes(within(recs), LONG_PROMPT_TOKENS) for name, recs in records.items()}
+    passes = {name: step_trace.prefill_passes(_in_span(recs, span_s), LONG_PROMPT_TOKENS)
+              for name, recs in records.items()}
     periods = [p for name, recs in records.items()
-               for p in step_trace.decode_periods(within(recs), within=[span for other, spans in passes.items()
-                                                                        if other != name for span in spans])]
+               for p in step_trace.decode_periods(_in_span(recs, span_s), within=[
+                   span for other, spans in passes.items() if other != name for span in spans])]
     durations = [end - start for spans in passes.values() for start, end in spans]
     if not durations or len(periods) < MIN_PERIODS:
         raise RuntimeError(f"serving probe: {len(durations)} prompts of {LONG_PROMPT_TOKENS} tokens alone in their "
                            f"pass beside {len(periods)} decode steps of the other colocated instance, 1 and "
                            f"{MIN_PERIODS} needed")
-    return (float(statistics.median(durations)),
-            float(statistics.median(p / alone_s(b, c) for b, c, p in periods)), len(periods))
+    return float(statistics.median(durations)), _slowdown(periods, alone_s), len(periods)
 
 
 def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, rounds: int = 3,
@@ -383,8 +402,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         alone = [p for records in traced.values()
                  for p in step_trace.decode_periods([r for r in records if r["t_s"] <= alone_until])]
         if mode == "colocated":
-            pair, beside_span = _colocated_pair(build_root, prompts, long_prompt, Path(trace_dir) / "pair")
-            pair_traced = step_trace.read_trace(Path(trace_dir) / "pair")
+            pair_traced, pair, beside_span = _colocated_pair(build_root, prompts, long_prompt,
+                                                             Path(trace_dir) / "pair")
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
     opts = options_from_engines(build_root, ClusterOptions(num_colocated=1, first_token_at="decode"))
     curves = instance_perf(model, hardware, 1, opts.weight_dtype, opts.kv_dtype).perf   # the curves alone
@@ -403,13 +422,11 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         serving_cores = cpu_per_token_s * CONTENTION_BATCH / batch_s
         prefill_slowdown = beside_prefill_s / real_prefill_s
         decode_slowdown, num_beside = _decode_beside_prefill(traced, alone_until, alone_s)
-        prefill_weight = fit_prefill_weight(prefill_slowdown, decode_slowdown)
-        # the two steps' speeds together, as one slowdown each would give them (the shared cores' demand)
-        slowdown = 2.0 / (1.0 / prefill_slowdown + 1.0 / max(1.0, decode_slowdown))
+        prefill_weight, slowdown, step_cores = fit_beside_prompt(prefill_slowdown, decode_slowdown, host_cores,
+                                                                 serving_cores)
         beside = (f"a {LONG_PROMPT_TOKENS}-token prefill beside a decode batch of {CONTENTION_BATCH}: the prefill "
                   f"x{prefill_slowdown:.2f} its time alone, the decode steps x{decode_slowdown:.2f} ({num_beside} "
                   f"steps) -> prefill weight {prefill_weight:.2f}; together")
-        step_cores = fit_step_cores(slowdown, host_cores, serving_cores)
         per_token_s = cpu_per_token_s
     else:
         points = []
@@ -418,23 +435,21 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
                 raise RuntimeError(f"serving probe: {len(periods)} decode steps at batch {batch} of the colocated "
                                    f"pair in the trace, {MIN_PERIODS} needed")
             points.append((2 * float(statistics.mean(b / alone_s(b, c) for b, c, _ in periods)),
-                           float(statistics.median(p / alone_s(b, c) for b, c, p in periods))))
+                           _slowdown(periods, alone_s)))
         step_cores, per_token_s = fit_shared_demand(points, host_cores, cpu_per_token_s)
         slowdown = points[-1][1]
         serving_cores = per_token_s * points[-1][0]
         # a prompt alone in its pass on one instance beside the other's decode: its pass against the same prompt's
         # lone passes in the one-instance server (after an idle gap, as _prefill_side_by_side ran them)
         lone_passes = [end - start for records in traced.values()
-                       for start, end in step_trace.prefill_passes(
-                           [r for r in records if lone_span[0] <= r["t_s"] <= lone_span[1]], LONG_PROMPT_TOKENS)]
+                       for start, end in step_trace.prefill_passes(_in_span(records, lone_span), LONG_PROMPT_TOKENS)]
         if not lone_passes:
             raise RuntimeError(f"serving probe: no lone pass over {LONG_PROMPT_TOKENS} tokens in the trace")
         prompt_s, decode_slowdown, num_beside = _prompts_beside_decode(pair_traced, beside_span, alone_s)
         prompt_slowdown = prompt_s / statistics.median(lone_passes)
-        prefill_weight = fit_prefill_weight(prompt_slowdown, decode_slowdown)
-        prompt_beside = 2.0 / (1.0 / prompt_slowdown + 1.0 / max(1.0, decode_slowdown))
         decode_tokens_per_s = 1.0 / alone_s(1, PROMPT_TOKENS + BESIDE_PROMPTS_TOKENS // 2)
-        prefill_step_cores = fit_step_cores(prompt_beside, host_cores, per_token_s * decode_tokens_per_s)
+        prefill_weight, _, prefill_step_cores = fit_beside_prompt(prompt_slowdown, decode_slowdown, host_cores,
+                                                                  per_token_s * decode_tokens_per_s)
         beside = (f"two colocated instances decoding {', '.join(map(str, pair))} each: "
                   + ", ".join(f"x{x:.2f} at {t:.0f} tokens/s" for t, x in points)
                   + f" -> the serving path takes {per_token_s * 1e3:.2f} ms of the cores per token (of the "

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from trtpd.bench.serving_probe import (LONG_PROMPT_TOKENS, MIN_PERIODS, _decode_beside_prefill, _prompts_beside_decode,
-                                       fit_prefill_weight,
+                                       fit_beside_prompt, fit_prefill_weight,
                                        fit_shared_demand, fit_step_cores, fit_step_costs)
 from trtpd.perf.measured import ServingOverhead
 from tests.unit.engine.test_step_trace import _turn
@@ -106,6 +106,8 @@ def test_the_prefill_weight_and_step_cores_give_back_both_slowdowns_measured_bes
     weight = fit_prefill_weight(1.63, 1.22)
     assert weight == pytest.approx(1.22 / 1.63)
     step_cores = fit_step_cores(2.0 / (1 / 1.63 + 1 / 1.22), 2, 0.69)
+    # what the probe calls for both (the disaggregated prefill, and a colocated prompt beside the other's decode)
+    assert fit_beside_prompt(1.63, 1.22, 2, 0.69) == pytest.approx((weight, 2.0 / (1 / 1.63 + 1 / 1.22), step_cores))
     loop, ends = EventLoop(), {}
     shared = SharedCores(SharedCoresSpec(2, 0.001, step_cores, weight), loop)
     for name, work_s, tokens_per_s in (("prefill", 1.0, 0.0), ("decode", 10.0, 690.0)):
