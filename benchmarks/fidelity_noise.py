@@ -7,7 +7,12 @@ records, this prints
   its largest P50/P90/goodput error and how many of those decisive figures lie beyond 15%,
 - for each pair of records, the same figures with one real run standing for the other's prediction
   (trtpd.sim.fidelity.real_against_real): the machine's own run-to-run spread, the floor under any simulator's
-  error against a single run.
+  error against a single run;
+- all records pooled (trtpd.sim.fidelity.simulate_pooled): in each cell, every run's real requests together against
+  every run's simulated requests together (each run with its own profile), and, for the spread left once pooled,
+  the runs in two groups held against each other (alternate records, in the order given:
+  pooled_real_against_real). With 30 requests per cell a single run reads a P90 from its third-highest request;
+  pooled over six runs, from 180.
 Run: .venv/bin/python benchmarks/fidelity_noise.py RECORD.json RECORD.json [...]
 """
 
@@ -18,9 +23,11 @@ import itertools
 import sys
 from pathlib import Path
 
-from trtpd.sim.fidelity import FidelityRecord, Row, mape, real_against_real, simulate_record, worst_decisive
+from trtpd.sim.fidelity import (PERCENTILES, FidelityRecord, RecordedCell, Row, mape, pooled_real_against_real,
+                                 real_against_real, shared_cells, simulate_pooled, simulate_record, worst_decisive)
 
 GOAL = 0.15   # issue 24: every P50/P90 and goodput within 15%
+CELL_ROWS = 2 * len(PERCENTILES) + 1   # fidelity.cell_rows: TTFT and TPOT at each percentile, goodput
 
 
 def summary(rows: dict[str, list[Row]]) -> str:
@@ -48,7 +55,32 @@ def main() -> int:
             print(f"  {a} vs {b}: no cell in common (another seed, rate or workload)")
             continue
         print(f"  {a} vs {b}: {summary(rows)}")
+    runs = list(records.values())
+    pooled = simulate_pooled(runs)
+    if not pooled:
+        print("pooled: no cell that every record measured with the same requests")
+        return 0
+    print(f"all {len(runs)} runs pooled, the simulator against them: {summary(pooled)}")
+    for row in beyond(pooled, shared_cells(runs)):
+        print(f"    {row}")
+    if len(runs) >= 4:
+        halves = pooled_real_against_real(runs[0::2], runs[1::2])
+        print(f"pooled, alternate runs against the others (real against real): {summary(halves)}")
     return 0
+
+
+def beyond(rows: dict[str, list[Row]], cells: list[RecordedCell]) -> list[str]:
+    """The decisive figures beyond the goal, each named by its cell (rows come CELL_ROWS a cell, in the cells'
+    order within each workload)."""
+    out = []
+    for workload, values in rows.items():
+        mine = [c for c in cells if c.workload == workload]
+        for i, r in enumerate(values):
+            if r.decisive and abs(r.error) > GOAL:
+                cell = mine[i // CELL_ROWS]
+                out.append(f"{workload} {cell.rate_per_s:g}/s {cell.mode} {r.name}: real {r.real:.1f}, "
+                           f"simulated {r.sim:.1f} ({r.error:+.0%})")
+    return out
 
 
 if __name__ == "__main__":

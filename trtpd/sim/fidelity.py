@@ -166,9 +166,9 @@ def at_speed(hardware, model: str, ratio: float):
     return hardware.model_copy(update={"measured": measured})
 
 
-def simulate_record(record: FidelityRecord, follow_speed: bool = False) -> dict[str, list[Row]]:
-    """Each recorded cell simulated again with the recorded profile and options, compared with its real
-    latencies: the rows per workload. follow_speed: each cell's curves at the machine's speed checked around it
+def simulated_cells(record: FidelityRecord, follow_speed: bool = False) -> list[tuple[RecordedCell, Latencies]]:
+    """Each recorded cell simulated again with the recorded profile and options: the cell and its simulated
+    latencies, in the record's order. follow_speed: each cell's curves at the machine's speed checked around it
     (RecordedCell.speed_ratio)."""
     import yaml
 
@@ -183,16 +183,24 @@ def simulate_record(record: FidelityRecord, follow_speed: bool = False) -> dict[
     hardware = load_model(HardwareProfile, yaml.safe_load(record.hardware_yaml), "the recorded profile")
     model, options = get_model(record.model), ClusterOptions(**record.options)
     clusters: dict[float, dict] = {}
-    rows: dict[str, list[Row]] = {}
+    out = []
     for cell in record.cells:
         ratio = cell.speed_ratio if follow_speed else 1.0
         if ratio not in clusters:
             clusters[ratio] = mirrored_clusters(model, at_speed(hardware, record.model, ratio), options)
         run = simulate(clusters[ratio][cell.mode],
                        RequestArrays(cell.arrival_s, cell.input_tokens, cell.output_tokens))
+        out.append((cell, latencies(run, warmup_fraction=0.0)))
+    return out
+
+
+def simulate_record(record: FidelityRecord, follow_speed: bool = False) -> dict[str, list[Row]]:
+    """Each recorded cell simulated again (simulated_cells) and compared with its real latencies: the rows per
+    workload."""
+    rows: dict[str, list[Row]] = {}
+    for cell, sim in simulated_cells(record, follow_speed):
         rows.setdefault(cell.workload, []).extend(
-            cell_rows(cell.real(), latencies(run, warmup_fraction=0.0), cell.rate_per_s, record.ttft_slo_s,
-                      record.tpot_slo_s))
+            cell_rows(cell.real(), sim, cell.rate_per_s, record.ttft_slo_s, record.tpot_slo_s))
     return rows
 
 
@@ -201,17 +209,80 @@ def real_against_real(first: FidelityRecord, second: FidelityRecord) -> dict[str
     lengths), the first run's latencies in the rows' "real" and the second's in their "sim", by workload. Its MAPE
     is how far apart two measurements of the same requests on the same machine lie: the floor below which no
     simulator's error against one run can be read (benchmarks/fidelity_noise.py)."""
-    def key(cell: RecordedCell) -> tuple:
-        return cell.workload, cell.rate_per_s, cell.mode
-
-    theirs = {key(c): c for c in second.cells}
+    theirs = {_cell_key(c): c for c in second.cells}
     rows: dict[str, list[Row]] = {}
     for cell in first.cells:
-        other = theirs.get(key(cell))
-        if other is None or (other.arrival_s, other.input_tokens, other.output_tokens) != \
-                (cell.arrival_s, cell.input_tokens, cell.output_tokens):
+        other = theirs.get(_cell_key(cell))
+        if other is None or not _same_requests(cell, other):
             continue
         rows.setdefault(cell.workload, []).extend(
             cell_rows(cell.real(), other.real(), cell.rate_per_s, first.ttft_slo_s, first.tpot_slo_s))
     return rows
 
+
+# ---- several runs of the same grid, pooled ---------------------------------------------------------------------
+def _cell_key(cell: RecordedCell) -> tuple:
+    return cell.workload, cell.rate_per_s, cell.mode
+
+
+def _same_requests(a: RecordedCell, b: RecordedCell) -> bool:
+    return (a.arrival_s, a.input_tokens, a.output_tokens) == (b.arrival_s, b.input_tokens, b.output_tokens)
+
+
+def pool(samples: list[Latencies]) -> Latencies:
+    """Several runs' requests as one sample: their percentiles and attainment over all of them."""
+    return Latencies(np.concatenate([s.ttft_s for s in samples]), np.concatenate([s.tpot_s for s in samples]),
+                     np.concatenate([s.done for s in samples]))
+
+
+def shared_cells(records: list[FidelityRecord]) -> list[RecordedCell]:
+    """The first record's cells that every record measured with the same requests (workload, rate, mode,
+    arrivals and lengths: the same seed), in its order."""
+    by_key = [{_cell_key(c): c for c in r.cells} for r in records[1:]]
+    return [cell for cell in records[0].cells
+            if all(_cell_key(cell) in other and _same_requests(cell, other[_cell_key(cell)]) for other in by_key)]
+
+
+def pooled_rows(real: dict[tuple, list[Latencies]], other: dict[tuple, list[Latencies]], cells: list[RecordedCell],
+                ttft_slo_s: float, tpot_slo_s: float) -> dict[str, list[Row]]:
+    """Each cell's pooled `real` samples against its pooled `other` ones (both by _cell_key), by workload."""
+    rows: dict[str, list[Row]] = {}
+    for cell in cells:
+        key = _cell_key(cell)
+        rows.setdefault(cell.workload, []).extend(
+            cell_rows(pool(real[key]), pool(other[key]), cell.rate_per_s, ttft_slo_s, tpot_slo_s))
+    return rows
+
+
+def simulate_pooled(records: list[FidelityRecord]) -> dict[str, list[Row]]:
+    """The simulator against several real runs of the same grid at once: in each cell they all measured with the
+    same requests, every run's real requests together against every run's simulated requests together (each run
+    simulated with its own profile, measured at its start), by workload. A single run of 30 requests per cell
+    reads a P90 from its third-highest request, and two runs of the same requests on the same machine disagree
+    beyond 15% on 8-30 of the grid's 90 decisive figures (real_against_real): pooled, the real side's own spread
+    (pooled_real_against_real) falls below the simulator's error, which is then what the figures show."""
+    cells = shared_cells(records)
+    real: dict[tuple, list[Latencies]] = {}
+    sim: dict[tuple, list[Latencies]] = {}
+    wanted = {_cell_key(c) for c in cells}
+    for record in records:
+        for cell, simulated in simulated_cells(record):
+            if _cell_key(cell) in wanted:
+                real.setdefault(_cell_key(cell), []).append(cell.real())
+                sim.setdefault(_cell_key(cell), []).append(simulated)
+    return pooled_rows(real, sim, cells, records[0].ttft_slo_s, records[0].tpot_slo_s)
+
+
+def pooled_real_against_real(first: list[FidelityRecord], second: list[FidelityRecord]) -> dict[str, list[Row]]:
+    """One group of real runs pooled against another (the same cells and requests): the spread left in the real
+    side once pooled, the floor under simulate_pooled's error."""
+    cells = shared_cells(first + second)
+
+    def samples(records: list[FidelityRecord]) -> dict[tuple, list[Latencies]]:
+        out: dict[tuple, list[Latencies]] = {}
+        for record in records:
+            for cell in record.cells:
+                out.setdefault(_cell_key(cell), []).append(cell.real())
+        return out
+
+    return pooled_rows(samples(first), samples(second), cells, first[0].ttft_slo_s, first[0].tpot_slo_s)
