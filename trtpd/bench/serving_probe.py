@@ -5,8 +5,10 @@ streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trac
 - the decode step's costs (step_overhead_s + per_sequence_step_s x batch): each real decode step's period beyond
   the profile's forward pass at that batch and context, a line against the batch (the response pipeline's work in
   the engine's own process: handing each sequence's token on slows the pass, ~0.8 ms per sequence here),
-- the prefill scale: the prefill compute the engine reports for one long prompt alone, over the same pass timed
-  in this process in turns with it (so that the machine's speed, which moves between minutes, cancels out),
+- the prefill pass in the server: prompts of 128, 256 and 512 tokens, each alone in its batch, the pass as the
+  engine's trace timed it against the same pass timed in this process in turns with it (so that the machine's
+  speed, which moves between minutes, cancels out), a line through the three (a scale and a cost per pass:
+  disaggregated, decode pulls the prompt's KV layer by layer while the pass runs; fit_prefill_pass),
 - a response latency (request path: pre/post-processing, orchestrator, hops): lone requests' real TTFT beyond
   the simulated one, the median over both prompt lengths,
 - the serving path's CPU: while the batch of 8 runs, the CPU the rest of the deployment and the client spend
@@ -55,6 +57,8 @@ from trtpd.sim.workload import RequestArrays
 PROMPT_TOKENS, OUTPUT_TOKENS, BIG_BATCH = 100, 64, 8
 LONG_PROMPT_TOKENS = 512   # the prefill scale's scenario: one such prompt at a time (~0.1 s of one engine's compute)
 LONG_PROMPT_ROUNDS = 5     # its median beside a decode batch (step_cores)
+PASS_PROMPT_TOKENS = (128, 256, LONG_PROMPT_TOKENS)   # the prefill pass in the server against in-process: a
+# line through these lengths (fit_prefill_pass), each alone in its batch, LONE_ROUNDS of each
 LONE_ROUNDS = 6            # lone requests of each length (PROMPT_TOKENS, LONG_PROMPT_TOKENS): the response latency
 # each lone request meets a server that idled this long, as a workload's requests do at light load: measured on the
 # 2-core reference fleet, 100-token requests back to back took 40.1 ms to the first token, 0.1-1 s apart 44.0-45.1
@@ -183,15 +187,24 @@ def fit_response_latency(lone: list[tuple[float, float]]) -> float:
     return max(0.0, float(statistics.median(real - sim for real, sim in lone)))
 
 
-def fit_prefill_scale(real_compute_s: float, in_process_s: float) -> float:
-    """How much longer the engine's prefill pass takes in the server than in-process: the prefill compute the
-    engine reported for a prompt alone in its batch over the same pass timed in-process (in turns with it,
-    _prefill_side_by_side). (Not from the batch of 8: the serving path hands those to the engine one by one, so the
-    engine's batches are not the ones the profile would predict, and their means would mix the batching into the
-    scale.)"""
-    if in_process_s <= 0:
-        raise ValueError(f"the prefill pass timed in-process took {in_process_s} s")
-    return real_compute_s / in_process_s
+def fit_prefill_pass(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(prefill_compute_scale, prefill_pass_s): the line through (the pass timed in-process, the same pass as the
+    engine's trace timed it in the server), one point per prompt length, each alone in its batch and the two timed in
+    turns (_prefill_side_by_side: the machine's speed, which moves between minutes, is the same for both). The
+    server's pass costs more than the engine's own work in proportion and per pass: disaggregated, decode pulls the
+    prompt's KV layer by layer while the pass runs (measured on the 2-core reference fleet: 23.0 / 41.9 / 93.4 ms
+    for 128 / 256 / 512 tokens against 17.3 / 34.6 / 83.4 in-process, x1.07 + 4.6 ms; colocated 19.7 / 39.6 / 89.3
+    against 16.9 / 35.2 / 82.8, x1.06 + 1.9 ms). The prefill compute the engine reports read only x1.05 there:
+    disaggregated it is what decode waited for from the pull's start, not the pass. A negative intercept (the
+    machine's noise at short passes) gives the line through the origin."""
+    if not points or any(in_process <= 0 for in_process, _ in points):
+        raise ValueError(f"prefill passes timed in-process and in the server: {points}; one or more, each over 0 s")
+    x, y = np.array(points, dtype=float).T
+    if len(points) > 1 and np.ptp(x) > 0:
+        scale, pass_s = np.polyfit(x, y, 1)
+        if pass_s >= 0 and scale > 0:
+            return float(scale), float(pass_s)
+    return float(np.dot(x, y) / np.dot(x, x)), 0.0
 
 
 def _with_serving(hardware: HardwareProfile, mode: str, overhead: ServingOverhead) -> HardwareProfile:
@@ -383,8 +396,11 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             warm_every_instance(url, long_prompt, 1)
             prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
             lone_from = time.monotonic()
-            real_prefill_s, in_process_s, ttft_long = _prefill_side_by_side(url, long_prompt, LONG_PROMPT_TOKENS,
-                                                                            prefill_engine, LONE_ROUNDS)
+            in_process_s: dict[int, float] = {}
+            for n in PASS_PROMPT_TOKENS:   # the longest last: its figures are the ones used below
+                pass_prompt = long_prompt if n == LONG_PROMPT_TOKENS else prompt_with_tokens(tokenizer, n, seed=99)
+                real_prefill_s, in_process_s[n], ttft_long = _prefill_side_by_side(url, pass_prompt, n,
+                                                                                   prefill_engine, LONE_ROUNDS)
             lone_span = (lone_from, time.monotonic())
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
@@ -404,6 +420,14 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         if mode == "colocated":
             pair_traced, pair, beside_span = _colocated_pair(build_root, prompts, long_prompt,
                                                              Path(trace_dir) / "pair")
+    served_passes = {n: [end - start for records in traced.values()
+                         for start, end in step_trace.prefill_passes(_in_span(records, lone_span), n)]
+                     for n in PASS_PROMPT_TOKENS}
+    if not all(served_passes.values()):
+        raise RuntimeError(f"serving probe: no lone prefill pass in the trace for prompts of "
+                           f"{[n for n, v in served_passes.items() if not v]} tokens")
+    pass_points = [(in_process_s[n], float(statistics.median(served_passes[n]))) for n in PASS_PROMPT_TOKENS]
+    prefill_scale, prefill_pass_s = fit_prefill_pass(pass_points)
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
     opts = options_from_engines(build_root, ClusterOptions(num_colocated=1, first_token_at="decode"))
     curves = instance_perf(model, hardware, 1, opts.weight_dtype, opts.kv_dtype).perf   # the curves alone
@@ -441,12 +465,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         serving_cores = per_token_s * points[-1][0]
         # a prompt alone in its pass on one instance beside the other's decode: its pass against the same prompt's
         # lone passes in the one-instance server (after an idle gap, as _prefill_side_by_side ran them)
-        lone_passes = [end - start for records in traced.values()
-                       for start, end in step_trace.prefill_passes(_in_span(records, lone_span), LONG_PROMPT_TOKENS)]
-        if not lone_passes:
-            raise RuntimeError(f"serving probe: no lone pass over {LONG_PROMPT_TOKENS} tokens in the trace")
         prompt_s, decode_slowdown, num_beside = _prompts_beside_decode(pair_traced, beside_span, alone_s)
-        prompt_slowdown = prompt_s / statistics.median(lone_passes)
+        prompt_slowdown = prompt_s / statistics.median(served_passes[LONG_PROMPT_TOKENS])
         decode_tokens_per_s = 1.0 / alone_s(1, PROMPT_TOKENS + BESIDE_PROMPTS_TOKENS // 2)
         prefill_weight, _, prefill_step_cores = fit_beside_prompt(prompt_slowdown, decode_slowdown, host_cores,
                                                                   per_token_s * decode_tokens_per_s)
@@ -460,7 +480,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=per_token_s,
                                step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
                                prefill_weight=prefill_weight, prefill_step_cores=prefill_step_cores,
-                               prefill_compute_scale=fit_prefill_scale(real_prefill_s, in_process_s))
+                               prefill_compute_scale=prefill_scale, prefill_pass_s=prefill_pass_s)
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
     # the measured costs without any response latency: what the real TTFTs are held against
     cluster = replace(make(model, _with_serving(hardware, mode, overhead), opts), response_latency_s=0.0)
@@ -477,10 +497,11 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
              f"{LONG_PROMPT_TOKENS} tokens +{(statistics.median(ttft_long) - sim_long) * 1e3:.1f} ms (of "
              f"{len(ttft_long)}) -> response +{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU "
              f"{cpu_per_token_s * 1e3:.2f} ms per token on {host_cores} shared cores; one prompt of "
-             f"{LONG_PROMPT_TOKENS} tokens: prefill "
-             f"{real_prefill_s * 1e3:.1f} ms in the server, {in_process_s * 1e3:.1f} in this process in turns with it "
-             f"(the profile's {profiled_s * 1e3:.1f}) -> "
-             f"x{overhead.prefill_compute_scale:.2f}; {beside}: x{slowdown:.2f} its time alone (one core per step "
+             f"{'/'.join(map(str, PASS_PROMPT_TOKENS))} tokens alone: the prefill pass "
+             f"{' / '.join(f'{y * 1e3:.1f}' for _, y in pass_points)} ms in the server, "
+             f"{' / '.join(f'{x * 1e3:.1f}' for x, _ in pass_points)} in this process in turns with it (the "
+             f"profile's {profiled_s * 1e3:.1f} at {LONG_PROMPT_TOKENS}) -> x{prefill_scale:.2f} + "
+             f"{prefill_pass_s * 1e3:.1f} ms a pass; {beside}: x{slowdown:.2f} its time alone (one core per step "
              f"and the serving path's {serving_cores:.2f} cores make "
              f"x{max(1.0, (2 + serving_cores) / host_cores):.2f}) -> {step_cores:.2f} cores per step")
     return overhead

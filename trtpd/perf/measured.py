@@ -88,7 +88,13 @@ class ServingOverhead(BaseModel):
                                              "decode (trtpd/bench/serving_probe.py); none: step_cores")
     prefill_compute_scale: float = Field(default=1.0, gt=0, description="the engine's prefill passes in its serving "
                                          "process (its response, KV export and watch threads beside it) take this "
-                                         "multiple of the profile's, timed alone")
+                                         "multiple of the profile's, timed alone, plus prefill_pass_s: the slope of "
+                                         "a line through prompts of three lengths, each pass as the engine's trace "
+                                         "timed it in the server against the same pass in-process "
+                                         "(trtpd/bench/serving_probe.fit_prefill_pass)")
+    prefill_pass_s: float = Field(default=0.0, ge=0, description="added to every prefill pass in the serving "
+                                  "process (with prefill_compute_scale, the line's intercept): disaggregated, the "
+                                  "layer-wise KV export that decode pulls from during the pass")
 
 
 class MeasuredProfile(BaseModel):
@@ -147,15 +153,16 @@ class MeasuredPerfModel:
         return self._prefill(prefill_tokens + batch_size) + attention + self.serving.step_overhead_s
 
     def prefill_s(self, num_tokens: int, sum_sq_tokens: int = 0) -> float:
-        """The curve at `num_tokens`, plus the long prompts' extra, times the serving process's prefill scale. The
-        batch is read as num_tokens / n prompts of n = sum_sq_tokens / num_tokens tokens each (exact for prompts of
-        equal length; mixed batches within 17% on the reference engine, docs/simulator-fidelity.md).
-        sum_sq_tokens 0 (not known): the curve alone."""
+        """The curve at `num_tokens`, plus the long prompts' extra, times the serving process's prefill scale, plus
+        its cost per pass (ServingOverhead.prefill_pass_s). The batch is read as num_tokens / n prompts of
+        n = sum_sq_tokens / num_tokens tokens each (exact for prompts of equal length; mixed batches within 17% on
+        the reference engine, docs/simulator-fidelity.md). sum_sq_tokens 0 (not known): the curve alone."""
         latency = self._prefill(num_tokens)
         n = sum_sq_tokens / num_tokens if num_tokens > 0 else 0.0
         if self._long_prompt_extra is not None and n > self._prompt_tokens:
             latency += num_tokens / n * self._long_prompt_extra(n)
-        return latency * self.serving.prefill_compute_scale
+        pass_s = self.serving.prefill_pass_s if num_tokens > 0 else 0.0
+        return latency * self.serving.prefill_compute_scale + pass_s
 
     def decode_step_s(self, batch_size: int, total_context_tokens: int) -> float:
         forward = self._decode(batch_size, total_context_tokens / batch_size if batch_size else 0.0)

@@ -54,22 +54,31 @@ def test_batch_sizes_seen_in_a_few_steps_only_are_left_out_and_one_batch_size_is
         fit_step_costs(_periods(0.0, 0.0008, {1: 40, 3: 2}), CURVES)
 
 
-def test_the_prefill_scale_is_the_servers_prefill_compute_over_the_same_pass_in_process_and_the_model_applies_it():
-    from trtpd.bench.serving_probe import fit_prefill_scale
+def test_the_prefill_pass_in_the_server_is_a_line_through_three_lengths_and_the_model_applies_it():
+    """Measured here (disaggregated, decode pulling the KV layer by layer during the pass): 23.0 / 41.9 / 93.4 ms in
+    the server for prompts of 128 / 256 / 512 tokens whose passes took 17.3 / 34.6 / 83.4 in-process."""
+    from trtpd.bench.serving_probe import fit_prefill_pass
     from trtpd.perf.measured import DecodeGrid, MeasuredPerfModel, MeasuredProfile, PrefillCurve
 
-    # the server reported 120 ms of prefill compute for a prompt whose pass took 100 ms in-process beside it
-    scale = fit_prefill_scale(0.120, 0.100)
-    assert scale == pytest.approx(1.2)
-    with pytest.raises(ValueError, match="in-process took 0.0 s"):
-        fit_prefill_scale(0.01, 0.0)
+    scale, pass_s = fit_prefill_pass([(0.0173, 0.0230), (0.0346, 0.0419), (0.0834, 0.0934)])
+    assert scale == pytest.approx(1.065, abs=0.005) and pass_s == pytest.approx(0.0046, abs=0.0003)
+    exact = fit_prefill_pass([(0.02, 0.02 * 1.1 + 0.003), (0.05, 0.05 * 1.1 + 0.003), (0.1, 0.1 * 1.1 + 0.003)])
+    assert exact == pytest.approx((1.1, 0.003))
+    # a line that would cross below zero (noise at the short pass): the line through the origin
+    scale, pass_s = fit_prefill_pass([(0.02, 0.018), (0.05, 0.055), (0.1, 0.112)])
+    assert pass_s == 0.0 and scale == pytest.approx((0.02 * 0.018 + 0.05 * 0.055 + 0.1 * 0.112) / 0.0129)
+    assert fit_prefill_pass([(0.1, 0.12)]) == pytest.approx((1.2, 0.0))   # one length: the ratio
+    with pytest.raises(ValueError, match="each over 0 s"):
+        fit_prefill_pass([(0.0, 0.01)])
     profile = MeasuredProfile(
         model="m", decode=DecodeGrid(batch_sizes=[1], context_lens=[64], step_latency_s=[[0.002]]),
         prefill=PrefillCurve(num_tokens=[64, 1024], latency_s=[0.01, 0.1], prompt_tokens=64,
                              single_prompt_tokens=[1024], single_latency_s=[0.3]))
-    alone, served = MeasuredPerfModel(profile), MeasuredPerfModel(profile, ServingOverhead(prefill_compute_scale=scale))
+    alone = MeasuredPerfModel(profile)
+    served = MeasuredPerfModel(profile, ServingOverhead(prefill_compute_scale=1.1, prefill_pass_s=0.003))
     for tokens, sum_sq in ((64, 64 * 64), (1024, 16 * 64 * 64), (1024, 1024 * 1024), (800, 0)):
-        assert served.prefill_s(tokens, sum_sq) == pytest.approx(scale * alone.prefill_s(tokens, sum_sq))
+        assert served.prefill_s(tokens, sum_sq) == pytest.approx(1.1 * alone.prefill_s(tokens, sum_sq) + 0.003)
+    assert served.prefill_s(0) == pytest.approx(1.1 * alone.prefill_s(0))   # no prompt, no pass
     assert served.decode_step_s(1, 64) == alone.decode_step_s(1, 64)
 
 
@@ -158,11 +167,9 @@ def test_the_prefill_scale_is_timed_in_turns_so_the_machines_speed_cancels(monke
     monkeypatch.setattr(serving_probe, "_lone_prefill",
                         lambda url, prompt, tag: calls.append(("server", url)) or (0.11 * next(speeds), 0.2))
     served, alone, ttfts = serving_probe._prefill_side_by_side("url", "p", 512, tmp_path, 5)
-    assert serving_probe.fit_prefill_scale(served, alone) == pytest.approx(1.1)
+    assert served / alone == pytest.approx(1.1)
     assert calls[:2] == [("in-process", tmp_path, (512,)), ("server", "url")] and len(calls) == 10
     assert ttfts == [0.2] * 5                       # every server request's TTFT, for the response latency
-    # against a figure timed at speed 1.0, the same server read 0.11 * 0.85 / 0.1: the drift, not the server
-    assert serving_probe.fit_prefill_scale(0.11 * 0.85, 0.1) == pytest.approx(0.935)
 
 
 def test_the_response_latency_is_the_median_over_lone_requests_of_both_lengths():
