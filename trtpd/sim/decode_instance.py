@@ -4,10 +4,14 @@ Life of a sequence: prefill done -> `add` (waiting) -> admitted by ContinuousBat
 at a step boundary (GUARANTEED_NO_EVICT reserves its blocks) -> KV pulled over this instance's
 ingress link (bytes / bandwidth, FIFO) -> ready -> joins the next step -> generates output_tokens - 1
 tokens, one per step (the first came from prefill) -> finished, blocks freed. With the first token at decode, it
-goes out when the sequence joins a step: an engine takes a pulled request into its batch at a step boundary and
-answers the first token then (the reference engine's step() collects finished pulls before it schedules,
-trtpd/engine/decode_engine.py; TensorRT-LLM adds the context phase's first token to a generation-only request
-when it schedules it), so a pull that completes during a step waits for that step's end.
+goes out at the end of the step the sequence joins, with the token that step generates for it: an engine takes a
+pulled request into its batch at a step boundary, and hands its outputs on when the step's pass is done (the
+reference engine's step() collects finished pulls, then schedules and runs the pass, and its loop hands on the
+step's outputs after it returns, trtpd/engine/loop.py; TensorRT-LLM's executor adds the context phase's first
+token to a generation-only request when it schedules it and sends responses once the iteration is done). So a pull
+that completes during a step waits for that step's end and then for the next step's pass. Traced on the 2-core
+reference fleet: the first token went out 15.8 ms after the prefill pass ended for a lone request, 23.5-31.4 ms
+for requests that met a burst (benchmarks/validate_sim.py --step-trace).
 
 Steps are simulated one by one (latency from the perf model at the step's batch size and total
 context), but no per-sequence work is done per step: a sequence's last step is known when it joins,
@@ -82,6 +86,7 @@ class DecodeInstance(SteppingInstance):
         self.num_ready = 0                 # sequences in the current/next step
         self.total_context_tokens = 0      # their context for the next step
         self.joining: list[SimSequence] = []
+        self.answering: tuple[int, ...] = ()   # requests whose first token goes out when the step in flight ends
         self.finishing: list[tuple[int, int, SimSequence]] = []   # heap of (last_step, request, seq)
         self.num_assigned = 0              # waiting + running + joining: the router's load signal
         self.busy_s = 0.0
@@ -129,13 +134,12 @@ class DecodeInstance(SteppingInstance):
     def _start_step(self, now_s: float, after_step: bool = False) -> None:
         """after_step: called at the end of a step, after admission was tried (decode-only steps may follow
         inline)."""
+        answering = ()
         if self.joining:
             step = self.num_steps + 1
             finishing, push = self.finishing, heapq.heappush
-            if self.first_token_at_decode:  # answered as it joins the batch (see the module's docstring)
-                first_token = self.records.first_token_s
-                for seq in self.joining:
-                    first_token[seq.request_id] = now_s
+            if self.first_token_at_decode:  # answered when the step it joins is done (the module's docstring)
+                answering = tuple(seq.request_id for seq in self.joining)
             for seq in self.joining:
                 seq.first_step = step
                 seq.last_step = step + seq.max_new_tokens - 2
@@ -149,9 +153,21 @@ class DecodeInstance(SteppingInstance):
             self.is_stepping = False
             return
         duration_s = self.perf.decode_step_s(self.num_ready, self.total_context_tokens)
+        if answering:
+            if self.shared is None:   # the step's end is known now (steps inline after it end later)
+                first_token = self.records.first_token_s
+                for i in answering:
+                    first_token[i] = now_s + duration_s
+            else:                     # other instances' steps move its end: answered in _step_done
+                self.answering = answering
         self._begin_step(now_s, duration_s, self._steps_fn if after_step else None)
 
     def _step_done(self, now_s: float, _: object = None) -> None:
+        if self.answering:
+            first_token = self.records.first_token_s
+            for i in self.answering:
+                first_token[i] = now_s
+            self.answering = ()
         self._end_step(now_s)
         if self.scheduler.waiting and not self.exact_steps:
             self._admit(now_s)

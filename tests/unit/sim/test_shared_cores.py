@@ -125,16 +125,20 @@ def test_decode_steps_slow_down_only_while_prefill_computes_on_the_same_core():
     assert shared.ttft_s[1] - base.ttft_s[1] == pytest.approx(0.2, rel=0.05)
 
 
-def test_a_pulled_request_answers_its_first_token_when_it_joins_a_decode_step():
-    """Decode steps every 10 ms for a long request; a second request's KV is in mid-step: its first token goes out
-    at that step's end, when it joins the batch (an idle decode instance answers at once)."""
+def test_a_pulled_request_answers_its_first_token_when_the_decode_step_it_joins_is_done():
+    """Decode steps every 10 ms for a long request; a second request's KV is in mid-step: it joins the batch when
+    that step ends, and its first token goes out with the token the next step makes for it, when that step is done
+    (the engine hands a step's outputs on after its pass, trtpd/engine/loop.py). An idle decode instance starts
+    the step at once. With shared cores (the step's end set by the other instances' steps) the same."""
     perf = LinearPerf(prefill_per_token_s=1e-5, decode_fixed_s=0.01)
-    run = simulate(disagg(perf), RequestArrays([0.0, 0.0234], [10, 10], [100, 5]))
-    r = run.records
-    assert r.first_token_s[0] == pytest.approx(r.transfer_end_s[0])    # decode was idle: at once
-    steps_since = (r.first_token_s[1] - r.first_token_s[0]) / 0.01
-    assert r.first_token_s[1] > r.transfer_end_s[1] + 1e-4                # waited for the step in flight
-    assert steps_since == pytest.approx(round(steps_since), abs=1e-6)      # on a step boundary of the batch
+    requests = RequestArrays([0.0, 0.0234], [10, 10], [100, 5])
+    for shared in (None, SharedCoresSpec(2)):
+        r = simulate(replace(disagg(perf), shared_cores=shared), requests).records
+        assert r.first_token_s[0] == pytest.approx(r.transfer_end_s[0] + 0.01)   # idle: its first step at once
+        steps_since = (r.first_token_s[1] - r.first_token_s[0]) / 0.01
+        assert r.first_token_s[1] > r.transfer_end_s[1] + 0.01 + 1e-4           # the step in flight, then its own
+        assert steps_since == pytest.approx(round(steps_since), abs=1e-6)        # on a step boundary of the batch
+        assert r.done_s[1] == pytest.approx(r.first_token_s[1] + 3 * 0.01)     # 5 tokens: 4 steps, the first with it
 
 
 def test_a_step_beside_a_prompt_pass_takes_the_cores_measured_beside_a_prompt():
