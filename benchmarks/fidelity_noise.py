@@ -23,24 +23,26 @@ import itertools
 import sys
 from pathlib import Path
 
-from trtpd.sim.fidelity import (PERCENTILES, FidelityRecord, RecordedCell, Row, mape, pooled_real_against_real,
-                                 real_against_real, shared_cells, simulate_pooled, simulate_record, worst_decisive)
+from trtpd.sim.fidelity import (GOAL, PERCENTILES, FidelityRecord, RecordedCell, Row, beyond_goal, mape,
+                                 pooled_real_against_real, real_against_real, shared_cells, simulate_pooled,
+                                 simulate_record, worst_decisive)
 
-GOAL = 0.15   # issue 24: every P50/P90 and goodput within 15%
 CELL_ROWS = 2 * len(PERCENTILES) + 1   # fidelity.cell_rows: TTFT and TPOT at each percentile, goodput
 
 
 def summary(rows: dict[str, list[Row]]) -> str:
-    decisive = [r for v in rows.values() for r in v if r.decisive]
-    beyond = sum(1 for r in decisive if abs(r.error) > GOAL)
+    beyond, decisive = beyond_goal(rows)
     per_workload = ", ".join(f"{w} {mape(v):.1%}" for w, v in rows.items())
     largest = max((worst_decisive(v) for v in rows.values()), default=0.0)
-    return f"MAPE {per_workload}; largest {largest:.0%}; beyond {GOAL:.0%}: {beyond} of {len(decisive)}"
+    return f"MAPE {per_workload}; largest {largest:.0%}; beyond {GOAL:.0%}: {beyond} of {decisive}"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("records", nargs="+", type=Path)
+    ap.add_argument("--record-pooled", type=Path, metavar="DIR",
+                    help="write the records (compact) and the pooled figures (pooled.json) into DIR, for "
+                         "tests/unit/sim/test_pooled_runs.py to replay")
     args = ap.parse_args()
     if len(args.records) < 2:
         ap.error("give at least two records of the same grid")
@@ -66,7 +68,30 @@ def main() -> int:
     if len(runs) >= 4:
         halves = pooled_real_against_real(runs[0::2], runs[1::2])
         print(f"pooled, alternate runs against the others (real against real): {summary(halves)}")
+    if args.record_pooled:
+        record_pooled(args.record_pooled, records, pooled)
+        print(f"recorded into {args.record_pooled}")
     return 0
+
+
+def record_pooled(folder: Path, records: dict[Path, FidelityRecord], pooled: dict[str, list[Row]]) -> None:
+    """Each record as compact JSON (named by when it was recorded) and pooled.json: the runs in order, the pooled
+    MAPE per workload and how many decisive figures lay beyond the goal, with today's simulator."""
+    import datetime
+    import json
+    from dataclasses import asdict
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for record in records.values():
+        name = "run-" + record.recorded_at[:16].replace(":", "") + ".json"
+        (folder / name).write_text(json.dumps(asdict(record), separators=(",", ":")) + "\n")
+        names.append(name)
+    beyond, decisive = beyond_goal(pooled)
+    (folder / "pooled.json").write_text(json.dumps({
+        "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "runs": names, "mape_at_record": {w: mape(v) for w, v in pooled.items()},
+        "beyond_at_record": beyond, "decisive": decisive}, indent=1) + "\n")
 
 
 def beyond(rows: dict[str, list[Row]], cells: list[RecordedCell]) -> list[str]:

@@ -21,6 +21,7 @@ from trtpd.percentiles import quantile
 from trtpd.sim.metrics import Latencies
 
 PERCENTILES = (50, 90, 99)
+GOAL = 0.15   # issue 24: every decisive figure (TTFT and TPOT at P50/P90, goodput) within 15% of the real fleet
 MODES = ("disaggregated", "colocated")
 
 
@@ -59,6 +60,13 @@ def mape(rows: list[Row]) -> float:
     """Mean |error| over the rows that have one; NaN when none has."""
     errors = [abs(r.error) for r in rows if not math.isnan(r.error)]
     return float(np.mean(errors)) if errors else float("nan")
+
+
+def beyond_goal(rows: dict[str, list[Row]]) -> tuple[int, int]:
+    """How many decisive figures lie beyond GOAL, and how many there are (a figure without a real value counts as
+    beyond)."""
+    decisive = [r for values in rows.values() for r in values if r.decisive]
+    return sum(1 for r in decisive if not abs(r.error) <= GOAL), len(decisive)
 
 
 def worst_decisive(rows: list[Row]) -> float:
