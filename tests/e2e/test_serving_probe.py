@@ -29,7 +29,7 @@ def test_the_disaggregated_probe_measures_every_serving_term_through_the_real_se
     # the prefill beside the decode batch: both slowdowns read from the trace, and the weight from them
     assert len(said) == 1 and "the decode steps x" in said[0] and "prefill weight" in said[0], said
     # the prefill pass in the server: a line through three prompt lengths, each pass read from the trace
-    assert "128/256/512 tokens alone: the prefill pass" in said[0] and "ms a pass" in said[0], said
+    assert "a prompt of 128/256/512 tokens alone: the prefill pass" in said[0] and "ms a pass" in said[0], said
 
 
 def test_the_colocated_probe_reads_a_pair_at_three_loads_and_a_prompt_beside_a_decode_through_the_real_server(trtpd_home, fp16_root):

@@ -396,12 +396,12 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             warm_every_instance(url, long_prompt, 1)
             prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
             lone_from = time.monotonic()
-            in_process_s: dict[int, float] = {}
-            for n in PASS_PROMPT_TOKENS:   # the longest last: its figures are the ones used below
-                pass_prompt = long_prompt if n == LONG_PROMPT_TOKENS else prompt_with_tokens(tokenizer, n, seed=99)
-                real_prefill_s, in_process_s[n], ttft_long = _prefill_side_by_side(url, pass_prompt, n,
-                                                                                   prefill_engine, LONE_ROUNDS)
+            side_by_side = {n: _prefill_side_by_side(
+                url, long_prompt if n == LONG_PROMPT_TOKENS else prompt_with_tokens(tokenizer, n, seed=99), n,
+                prefill_engine, LONE_ROUNDS) for n in PASS_PROMPT_TOKENS}
             lone_span = (lone_from, time.monotonic())
+            # the long prompt's reported compute (against the same beside a decode batch) and TTFTs (the response)
+            real_prefill_s, _, ttft_long = side_by_side[LONG_PROMPT_TOKENS]
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = serving_cpu_reader(dep)
@@ -426,7 +426,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     if not all(served_passes.values()):
         raise RuntimeError(f"serving probe: no lone prefill pass in the trace for prompts of "
                            f"{[n for n, v in served_passes.items() if not v]} tokens")
-    pass_points = [(in_process_s[n], float(statistics.median(served_passes[n]))) for n in PASS_PROMPT_TOKENS]
+    pass_points = [(side_by_side[n][1], float(statistics.median(served_passes[n]))) for n in PASS_PROMPT_TOKENS]
     prefill_scale, prefill_pass_s = fit_prefill_pass(pass_points)
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
     opts = options_from_engines(build_root, ClusterOptions(num_colocated=1, first_token_at="decode"))
@@ -496,7 +496,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
              f"{(real1[0] - sim1[0]) * 1e3:.1f} ms ({real1[0] * 1e3:.1f} real, median of {len(ttft1)}), "
              f"{LONG_PROMPT_TOKENS} tokens +{(statistics.median(ttft_long) - sim_long) * 1e3:.1f} ms (of "
              f"{len(ttft_long)}) -> response +{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU "
-             f"{cpu_per_token_s * 1e3:.2f} ms per token on {host_cores} shared cores; one prompt of "
+             f"{cpu_per_token_s * 1e3:.2f} ms per token on {host_cores} shared cores; a prompt of "
              f"{'/'.join(map(str, PASS_PROMPT_TOKENS))} tokens alone: the prefill pass "
              f"{' / '.join(f'{y * 1e3:.1f}' for _, y in pass_points)} ms in the server, "
              f"{' / '.join(f'{x * 1e3:.1f}' for x, _ in pass_points)} in this process in turns with it (the "

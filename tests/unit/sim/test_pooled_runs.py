@@ -5,15 +5,18 @@ simulated side (each run simulated with its own profile)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from trtpd.sim.fidelity import (FidelityRecord, RecordedCell, pool, pooled_real_against_real, shared_cells,
-                                simulate_pooled, simulate_record, simulated_cells)
+from trtpd.sim.fidelity import (FidelityRecord, RecordedCell, beyond_goal, mape, pool, pooled_real_against_real,
+                                shared_cells, simulate_pooled, simulate_record, simulated_cells)
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "fidelity"
+RUNS = GOLDEN / "runs"   # benchmarks/fidelity_noise.py --record-pooled: several runs of one grid, and pooled.json
+LOOSE = 2.0              # the bound: twice the error the simulator had against the pooled runs when recorded
 
 
 def _record(ttft_s: list[float], arrivals: list[float] | None = None) -> FidelityRecord:
@@ -40,6 +43,15 @@ def test_pooled_runs_are_one_sample_of_all_their_requests():
     assert (rows["TTFT P50"].real, rows["TTFT P50"].sim) == pytest.approx((100.0, 200.0))
     assert (rows["TTFT P90"].real, rows["TTFT P90"].sim) == pytest.approx((100.0, 200.0))
     assert rows["TPOT P50"].error == 0.0
+
+
+def test_a_decisive_figure_beyond_15_percent_or_without_a_real_value_counts_against_the_goal():
+    from trtpd.sim.fidelity import Row
+
+    rows = {"w": [Row("TTFT P50", 100.0, 110.0, True), Row("TTFT P90", 100.0, 120.0, True),
+                  Row("TTFT P99", 100.0, 200.0, False), Row("TPOT P50", 0.0, 5.0, True),
+                  Row("goodput/s", 2.0, 1.8, True)]}
+    assert beyond_goal(rows) == (2, 4)   # +20% and a real 0 (no error to read); P99 is not judged
 
 
 def test_only_cells_every_run_measured_with_the_same_requests_are_pooled():
@@ -75,3 +87,25 @@ def test_one_run_pooled_is_that_run_and_each_run_is_simulated_with_its_own_profi
     # both runs simulated on the recorded profile give other figures: the 14:30 run's own profile counts
     one_profile = dataclasses.replace(earlier, hardware_yaml=record.hardware_yaml)
     assert simulate_pooled([record, one_profile]) != pooled
+
+
+def test_the_simulator_against_the_recorded_runs_pooled_stays_within_twice_its_recorded_error():
+    """The runs of one grid recorded on one machine (each with the profile measured at its start), pooled: a change
+    to the simulator that doubles its MAPE against them on any workload, or the count of decisive figures beyond
+    15%, fails. Pooled, the real side's own spread is below the simulator's error (benchmarks/fidelity_noise.py),
+    so this reads the simulator where one run of 30 requests per cell reads mostly the machine."""
+    manifest = json.loads((RUNS / "pooled.json").read_text())
+    runs = [FidelityRecord.load(RUNS / name) for name in manifest["runs"]]
+    assert len(runs) >= 6
+    assert len(shared_cells(runs)) == len(runs[0].cells) == 18   # every cell of the grid, in every run
+    pooled = simulate_pooled(runs)
+    assert set(pooled) == set(manifest["mape_at_record"])
+    for workload, then in manifest["mape_at_record"].items():
+        now = mape(pooled[workload])
+        assert now <= LOOSE * then, (f"{workload}: the simulator's MAPE against the {len(runs)} recorded runs pooled "
+                                     f"is {now:.1%}, more than {LOOSE:g}x the {then:.1%} it had when recorded")
+    beyond, decisive = beyond_goal(pooled)
+    assert decisive == manifest["decisive"] == 90
+    assert beyond <= LOOSE * max(1, manifest["beyond_at_record"]), (
+        f"{beyond} of {decisive} decisive figures beyond 15% against the pooled runs, "
+        f"{manifest['beyond_at_record']} when recorded")
