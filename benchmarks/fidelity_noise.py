@@ -101,7 +101,7 @@ def beyond(rows: dict[str, list[Row]], cells: list[RecordedCell]) -> list[str]:
     for workload, values in rows.items():
         mine = [c for c in cells if c.workload == workload]
         for i, r in enumerate(values):
-            if r.decisive and abs(r.error) > GOAL:
+            if r.misses_goal:
                 cell = mine[i // CELL_ROWS]
                 out.append(f"{workload} {cell.rate_per_s:g}/s {cell.mode} {r.name}: real {r.real:.1f}, "
                            f"simulated {r.sim:.1f} ({r.error:+.0%})")

@@ -39,6 +39,11 @@ class Row:
         """(sim - real) / real; NaN when the real figure is 0 or missing."""
         return (self.sim - self.real) / self.real if self.real and not math.isnan(self.real) else float("nan")
 
+    @property
+    def misses_goal(self) -> bool:
+        """A decisive figure beyond GOAL, or without a real value to judge it by."""
+        return self.decisive and not abs(self.error) <= GOAL
+
 
 def pct_ms(values: np.ndarray, p: int) -> float:
     """The P`p` in ms, by trtpd's one percentile definition (trtpd/percentiles.py)."""
@@ -66,7 +71,7 @@ def beyond_goal(rows: dict[str, list[Row]]) -> tuple[int, int]:
     """How many decisive figures lie beyond GOAL, and how many there are (a figure without a real value counts as
     beyond)."""
     decisive = [r for values in rows.values() for r in values if r.decisive]
-    return sum(1 for r in decisive if not abs(r.error) <= GOAL), len(decisive)
+    return sum(1 for r in decisive if r.misses_goal), len(decisive)
 
 
 def worst_decisive(rows: list[Row]) -> float:
@@ -216,16 +221,9 @@ def real_against_real(first: FidelityRecord, second: FidelityRecord) -> dict[str
     """The real fleet against itself: each cell both records measured (the same workload, rate, mode, arrivals and
     lengths), the first run's latencies in the rows' "real" and the second's in their "sim", by workload. Its MAPE
     is how far apart two measurements of the same requests on the same machine lie: the floor below which no
-    simulator's error against one run can be read (benchmarks/fidelity_noise.py)."""
-    theirs = {_cell_key(c): c for c in second.cells}
-    rows: dict[str, list[Row]] = {}
-    for cell in first.cells:
-        other = theirs.get(_cell_key(cell))
-        if other is None or not _same_requests(cell, other):
-            continue
-        rows.setdefault(cell.workload, []).extend(
-            cell_rows(cell.real(), other.real(), cell.rate_per_s, first.ttft_slo_s, first.tpot_slo_s))
-    return rows
+    simulator's error against one run can be read (benchmarks/fidelity_noise.py). Each group of one run: see
+    pooled_real_against_real."""
+    return pooled_real_against_real([first], [second])
 
 
 # ---- several runs of the same grid, pooled ---------------------------------------------------------------------
