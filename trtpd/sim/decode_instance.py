@@ -8,7 +8,9 @@ goes out at the end of the step the sequence joins, with the token that step gen
 pulled request into its batch at a step boundary, and hands its outputs on when the step's pass is done (the
 reference engine's step() collects finished pulls, then schedules and runs the pass, and its loop hands on the
 step's outputs after it returns, trtpd/engine/loop.py; TensorRT-LLM's executor adds the context phase's first
-token to a generation-only request when it schedules it and sends responses once the iteration is done). So a pull
+token to a generation-only request when it schedules it and sends responses once the iteration is done:
+tensorrt_llm/_torch/pyexecutor/py_executor.py, _executor_loop, _update_requests after the forward step and then
+_handle_responses, read at a recent main commit, not the 1.2 tag). So a pull
 that completes during a step waits for that step's end and then for the next step's pass. Traced on the 2-core
 reference fleet: the first token went out 15.8 ms after the prefill pass ended for a lone request, 23.5-31.4 ms
 for requests that met a burst (benchmarks/validate_sim.py --step-trace).
