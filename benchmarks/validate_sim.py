@@ -159,9 +159,12 @@ def main() -> int:
     if hw_path is None:
         hw_path = Path(tempfile.mkdtemp()) / "cpu-measured.yaml"
         print(f"profiling the reference engine into {hw_path} ...", flush=True)
-        subprocess.run([sys.executable, "-m", "trtpd.cli.main", "profile", "--backend", "reference",
-                        "--engine-dir", str(root), "--output", str(hw_path), "--serving"], check=True,
-                       stdout=subprocess.DEVNULL)
+        profiled = subprocess.run([sys.executable, "-m", "trtpd.cli.main", "profile", "--backend", "reference",
+                                   "--engine-dir", str(root), "--output", str(hw_path), "--serving"], check=True,
+                                  stdout=subprocess.PIPE, text=True)
+        for line in profiled.stdout.splitlines():   # what the serving probe measured, for the reader
+            if line.lstrip().startswith("serving ("):
+                print(line, flush=True)
     hardware = load_hardware(str(hw_path))
     print(f"curves: {curves_origin(hardware, 'tiny-llama')}")
     tokenizer = load_checkpoint(root / "checkpoint").load_tokenizer()

@@ -26,7 +26,8 @@ def test_the_disaggregated_probe_measures_every_serving_term_through_the_real_se
     assert overhead.serving_cpu_per_token_s > 0 and overhead.per_sequence_step_s > 0
     assert overhead.step_cores >= 1.0 and 0 < overhead.prefill_weight <= 1.0
     assert 0.5 < overhead.prefill_compute_scale < 2.0 and 0.0 <= overhead.prefill_pass_s < 0.05
-    # the prefill beside the decode batch: both slowdowns read from the trace, and the weight from them
+    # the prefill beside the decode batch: both slowdowns read against their baselines in the same minute (the
+    # prefill alone just before, the decode steps apart from its passes), and the weight from them
     assert len(said) == 1 and "the decode steps x" in said[0] and "prefill weight" in said[0], said
     # the prefill pass in the server: a line through three prompt lengths, each pass read from the trace
     assert "a prompt of 128/256/512 tokens alone: the prefill pass" in said[0] and "ms a pass" in said[0], said

@@ -19,7 +19,8 @@ streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trac
 - what a step costs beside another engine's (`step_cores`, and `prefill_weight`): disaggregated, a long prefill
   beside a decode batch; colocated, a second deployment of two instances decoding 1, 2 and then 4 requests each,
   the line through the loads' slowdowns (fit_shared_demand: the serving path's share per token, at most its CPU from
-  /proc, and the cores a step takes).
+  /proc, and the cores a step takes). Each slowdown against its baseline in the same minute (the prefill alone
+  just before, the decode steps apart from the prefill's passes).
 The validation workload (`benchmarks/validate_sim.py`) is a different, loaded scenario.
 """
 
@@ -226,9 +227,12 @@ def fit_step_cores(slowdown: float, host_cores: int, serving_cores: float, steps
     """The step_cores (ServingOverhead) that make the simulator's shared cores slow `steps` steps in flight by the
     measured `slowdown`, the serving path taking `serving_cores` of the host meanwhile: steps x step_cores +
     serving_cores = slowdown x host_cores. 1 where one core per step already makes that slowdown or more, and where
-    one core per step leaves the host cores to spare: a slowdown there is not the sharing of too few cores, and no
-    demand would make the simulator's sharing reproduce it."""
-    if steps + serving_cores <= host_cores or slowdown <= (steps + serving_cores) / host_cores:
+    one core per step leaves host cores to spare: a slowdown there is not the sharing of too few cores, and no
+    demand would make the simulator's sharing reproduce it. Where the steps take every core (two on two, the
+    serving path taking none), the demand beyond them is what slowed them: the step cores are the slowdown (this
+    returned 1 there until 2026-12-05, and four of eighteen grid runs' colocated probes, whose pair left the serving
+    path nothing per token, charged a prompt beside a decode one core where the pair's steps took 1.54-1.62)."""
+    if steps + serving_cores < host_cores or slowdown <= (steps + serving_cores) / host_cores:
         return 1.0
     return (slowdown * host_cores - serving_cores) / steps
 
@@ -279,19 +283,24 @@ def fit_beside_prompt(prompt_slowdown: float, decode_slowdown: float, host_cores
             fit_step_cores(together, host_cores, serving_cores))
 
 
-def _decode_beside_prefill(records: dict[str, list[dict]], after_s: float,
+def _decode_beside_prefill(records: dict[str, list[dict]], span_s: tuple[float, float], batch: int,
                            alone_s: Callable[[int, int], float]) -> tuple[float, int]:
-    """The decode steps' slowdown (median period over alone_s(batch, context)) while the probe's long prompts were
-    being prefilled, and how many steps: the prefill engine's passes over LONG_PROMPT_TOKENS after `after_s`, the
-    decode engine's turns inside them."""
+    """The decode steps' slowdown while the probe's long prompts were being prefilled, and how many steps: within
+    `span_s` (start, end), the prefill engine's passes over LONG_PROMPT_TOKENS, the decode engine's turns at `batch`
+    inside them against its turns at `batch` apart from them (each period over alone_s(batch, context), the
+    medians' ratio). The baseline is the same phase's: the machine's speed moves between minutes (this machine's
+    engine speed read x0.93-1.08 of the profile's minutes apart), and against the steps timed alone earlier in the
+    probe the steps beside a prefill read x1.18-1.38 at a batch of 1 in three runs."""
     passes = [span for name, recs in records.items() if name.startswith("prefill-")
-              for span in step_trace.prefill_passes([r for r in recs if r["t_s"] >= after_s], LONG_PROMPT_TOKENS)]
-    periods = [p for name, recs in records.items() if name.startswith("decode-")
-               for p in step_trace.decode_periods([r for r in recs if r["t_s"] >= after_s], within=passes)]
-    if len(periods) < MIN_PERIODS:
-        raise RuntimeError(f"serving probe: {len(periods)} decode steps beside the {len(passes)} traced prefills of "
-                           f"{LONG_PROMPT_TOKENS} tokens, {MIN_PERIODS} needed")
-    return _slowdown(periods, alone_s), len(periods)
+              for span in step_trace.prefill_passes(_in_span(recs, span_s), LONG_PROMPT_TOKENS)]
+    decode = [_in_span(recs, span_s) for name, recs in records.items() if name.startswith("decode-")]
+    inside = [p for recs in decode for p in step_trace.decode_periods(recs, within=passes) if p[0] == batch]
+    apart = [p for recs in decode for p in step_trace.decode_periods(recs, apart=passes) if p[0] == batch]
+    if min(len(inside), len(apart)) < MIN_PERIODS:
+        raise RuntimeError(f"serving probe: {len(inside)} decode steps at batch {batch} beside the {len(passes)} "
+                           f"traced prefills of {LONG_PROMPT_TOKENS} tokens and {len(apart)} apart from them, "
+                           f"{MIN_PERIODS} of each needed")
+    return _slowdown(inside, alone_s) / _slowdown(apart, alone_s), len(inside)
 
 
 def _stream_beside(url: str, prompts: list[str], work: Callable[[], Any],
@@ -322,11 +331,12 @@ def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str, trac
     requests out in turn, tests/e2e/test_instance_dispatch.py).
     - The decode periods by batch: for each of PAIR_BATCHES that many requests for each instance; only the steps at
       that batch (not the batch forming or draining).
-    - Prompts beside the other instance's decode: one request decodes BESIDE_PROMPTS_TOKENS tokens on one instance
-      while 2 x LONG_PROMPT_ROUNDS prompts of LONG_PROMPT_TOKENS run one after another, every other one on the other
-      instance (alone in its pass there) and every other one in a step with the decode; the (start, end) of that
-      phase, for _prompts_beside_decode.
-    Returns the trace (records by engine), the periods by batch and that phase's span."""
+    - Prompts beside the other instance's decode: 2 x LONG_PROMPT_ROUNDS prompts of LONG_PROMPT_TOKENS one after
+      another on the idle pair (each alone in its pass: the baseline in the same minute), then as many while one
+      request decodes BESIDE_PROMPTS_TOKENS tokens on one instance, every other one on the other instance (alone in
+      its pass there) and every other one in a step with the decode; the (start, end) of both phases, for
+      _prompts_beside_decode.
+    Returns the trace (records by engine), the periods by batch and both phases' spans."""
     with step_trace.tracing(trace_dir):
         dep = deployment.up("probe-colocated-pair", ReferenceDeployment(build_root, mode="colocated",
                                                                         colocated_instances=2), replace=True)
@@ -346,6 +356,10 @@ def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str, trac
                                    f"{next(r.error for r in results if r.error)}")
             spans[batch] = (started, time.monotonic())
         started = time.monotonic()
+        for r in range(2 * LONG_PROMPT_ROUNDS):
+            _lone_prefill(url, long_prompt, f"lone-pair-{r}")
+        lone_span = (started, time.monotonic())
+        started = time.monotonic()
         _stream_beside(url, prompts[:1], lambda: [_lone_prefill(url, long_prompt, f"beside-decode-{r}")
                                                   for r in range(2 * LONG_PROMPT_ROUNDS)], BESIDE_PROMPTS_TOKENS)
         beside_span = (started, time.monotonic())
@@ -354,25 +368,37 @@ def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str, trac
     traced = step_trace.read_trace(trace_dir)
     return traced, {batch: [p for records in traced.values()
                             for p in step_trace.decode_periods(_in_span(records, span)) if p[0] == batch]
-                    for batch, span in spans.items()}, beside_span
+                    for batch, span in spans.items()}, (lone_span, beside_span)
 
 
-def _prompts_beside_decode(records: dict[str, list[dict]], span_s: tuple[float, float],
+def _prompts_beside_decode(records: dict[str, list[dict]], spans_s: tuple[tuple[float, float], tuple[float, float]],
                            alone_s: Callable[[int, int], float]) -> tuple[float, float, int]:
-    """In a colocated pair's trace, within `span_s`: each engine's passes over one prompt of LONG_PROMPT_TOKENS
-    alone (no decode rows), and the other engines' decode steps inside them. (The prompts' median pass, seconds;
-    the decode steps' slowdown, their median period over alone_s(batch, context); how many steps.)"""
-    passes = {name: step_trace.prefill_passes(_in_span(recs, span_s), LONG_PROMPT_TOKENS)
-              for name, recs in records.items()}
-    periods = [p for name, recs in records.items()
-               for p in step_trace.decode_periods(_in_span(recs, span_s), within=[
-                   span for other, spans in passes.items() if other != name for span in spans])]
-    durations = [end - start for spans in passes.values() for start, end in spans]
-    if not durations or len(periods) < MIN_PERIODS:
-        raise RuntimeError(f"serving probe: {len(durations)} prompts of {LONG_PROMPT_TOKENS} tokens alone in their "
-                           f"pass beside {len(periods)} decode steps of the other colocated instance, 1 and "
+    """In a colocated pair's trace, the two phases of _colocated_pair (`spans_s`: the lone prompts', then the
+    prompts' beside a decode): each engine's passes over one prompt of LONG_PROMPT_TOKENS alone (no decode rows) in
+    each phase, and the other engines' decode steps (one sequence) inside the second phase's passes against their
+    steps apart from them. (The prompt's slowdown, its median pass beside the decode over its median pass on the
+    idle pair; the decode steps' slowdown, the medians' ratio of their periods over alone_s(batch, context); how
+    many steps inside.) Both baselines are the same minute's: the machine's speed moves between minutes, and the
+    prompt against its lone passes earlier in the probe read x1.31-1.62 in four runs."""
+    def passes(span_s: tuple[float, float]) -> dict[str, list[tuple[float, float]]]:
+        return {name: step_trace.prefill_passes(_in_span(recs, span_s), LONG_PROMPT_TOKENS)
+                for name, recs in records.items()}
+
+    lone, beside = passes(spans_s[0]), passes(spans_s[1])
+    others = {name: [span for other, spans in beside.items() if other != name for span in spans] for name in records}
+    inside = [p for name, recs in records.items()
+              for p in step_trace.decode_periods(_in_span(recs, spans_s[1]), within=others[name]) if p[0] == 1]
+    apart = [p for name, recs in records.items()
+             for p in step_trace.decode_periods(_in_span(recs, spans_s[1]), apart=others[name]) if p[0] == 1]
+    lone_s = [end - start for spans in lone.values() for start, end in spans]
+    beside_s = [end - start for spans in beside.values() for start, end in spans]
+    if not lone_s or not beside_s or min(len(inside), len(apart)) < MIN_PERIODS:
+        raise RuntimeError(f"serving probe: {len(lone_s)} prompts of {LONG_PROMPT_TOKENS} tokens alone on the idle "
+                           f"pair and {len(beside_s)} alone in their pass beside {len(inside)} decode steps of the "
+                           f"other colocated instance ({len(apart)} apart from them): 1, 1, {MIN_PERIODS} and "
                            f"{MIN_PERIODS} needed")
-    return float(statistics.median(durations)), _slowdown(periods, alone_s), len(periods)
+    return (float(statistics.median(beside_s) / statistics.median(lone_s)),
+            _slowdown(inside, alone_s) / _slowdown(apart, alone_s), len(inside))
 
 
 def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: str, rounds: int = 3,
@@ -400,8 +426,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
                 url, long_prompt if n == LONG_PROMPT_TOKENS else prompt_with_tokens(tokenizer, n, seed=99), n,
                 prefill_engine, LONE_ROUNDS) for n in PASS_PROMPT_TOKENS}
             lone_span = (lone_from, time.monotonic())
-            # the long prompt's reported compute (against the same beside a decode batch) and TTFTs (the response)
-            real_prefill_s, _, ttft_long = side_by_side[LONG_PROMPT_TOKENS]
+            ttft_long = side_by_side[LONG_PROMPT_TOKENS][2]   # the long prompt's TTFTs (the response latency)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = serving_cpu_reader(dep)
@@ -410,15 +435,19 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             cpu_per_token_s = (serving_cpu() - cpu_before_s) / (BIG_BATCH * OUTPUT_TOKENS * rounds)
             alone_until = time.monotonic()
             if mode == "disaggregated":
-                beside_prefill_s = _stream_beside(url, prompts[:CONTENTION_BATCH], lambda: _real_prefill_compute(
-                    url, long_prompt, LONG_PROMPT_ROUNDS))
+                # the prefill alone just before the batch streams: its baseline in the same minute
+                lone_s = _real_prefill_compute(url, long_prompt, LONG_PROMPT_ROUNDS)
+                started = time.monotonic()
+                prefill_slowdown = _stream_beside(url, prompts[:CONTENTION_BATCH], lambda: _real_prefill_compute(
+                    url, long_prompt, LONG_PROMPT_ROUNDS)) / lone_s
+                beside_span = (started, time.monotonic())
         finally:
             deployment.down(dep.name)
         traced = step_trace.read_trace(Path(trace_dir) / "one")
         alone = [p for records in traced.values()
                  for p in step_trace.decode_periods([r for r in records if r["t_s"] <= alone_until])]
         if mode == "colocated":
-            pair_traced, pair, beside_span = _colocated_pair(build_root, prompts, long_prompt,
+            pair_traced, pair, pair_spans = _colocated_pair(build_root, prompts, long_prompt,
                                                              Path(trace_dir) / "pair")
     served_passes = {n: [end - start for records in traced.values()
                          for start, end in step_trace.prefill_passes(_in_span(records, lone_span), n)]
@@ -444,8 +473,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     if mode == "disaggregated":
         batch_s = alone_s(CONTENTION_BATCH, CONTENTION_BATCH * (PROMPT_TOKENS + CONTENTION_TOKENS // 2))
         serving_cores = cpu_per_token_s * CONTENTION_BATCH / batch_s
-        prefill_slowdown = beside_prefill_s / real_prefill_s
-        decode_slowdown, num_beside = _decode_beside_prefill(traced, alone_until, alone_s)
+        decode_slowdown, num_beside = _decode_beside_prefill(traced, beside_span, CONTENTION_BATCH, alone_s)
         prefill_weight, slowdown, step_cores = fit_beside_prompt(prefill_slowdown, decode_slowdown, host_cores,
                                                                  serving_cores)
         beside = (f"a {LONG_PROMPT_TOKENS}-token prefill beside a decode batch of {CONTENTION_BATCH}: the prefill "
@@ -464,9 +492,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         slowdown = points[-1][1]
         serving_cores = per_token_s * points[-1][0]
         # a prompt alone in its pass on one instance beside the other's decode: its pass against the same prompt's
-        # lone passes in the one-instance server (after an idle gap, as _prefill_side_by_side ran them)
-        prompt_s, decode_slowdown, num_beside = _prompts_beside_decode(pair_traced, beside_span, alone_s)
-        prompt_slowdown = prompt_s / statistics.median(served_passes[LONG_PROMPT_TOKENS])
+        # on the idle pair just before, the decode steps against their own apart from the prompts' passes
+        prompt_slowdown, decode_slowdown, num_beside = _prompts_beside_decode(pair_traced, pair_spans, alone_s)
         decode_tokens_per_s = 1.0 / alone_s(1, PROMPT_TOKENS + BESIDE_PROMPTS_TOKENS // 2)
         prefill_weight, _, prefill_step_cores = fit_beside_prompt(prompt_slowdown, decode_slowdown, host_cores,
                                                                   per_token_s * decode_tokens_per_s)

@@ -113,12 +113,13 @@ def prefill_passes(records: list[dict], prompt_tokens: int) -> list[tuple[float,
     return out
 
 
-def decode_periods(records: list[dict],
-                   within: list[tuple[float, float]] | None = None) -> list[tuple[int, int, float]]:
+def decode_periods(records: list[dict], within: list[tuple[float, float]] | None = None,
+                   apart: list[tuple[float, float]] | None = None) -> list[tuple[int, int, float]]:
     """(decode rows, their context tokens, seconds from the turn's start to the next turn's) for each turn of the
     loop whose one forward pass was decode rows only and which the next turn followed without idling: the step's
     period as a streaming client sees it (a token per sequence per period), serving work in the engine's process
-    included. within: only the turns that start and end inside one of these (start, end) spans."""
+    included. within: only the turns that start and end inside one of these (start, end) spans; apart: only the
+    turns that overlap none of them."""
     steps = [r for r in records if r["kind"] == "step"]
     forwards = sorted((r for r in records if r["kind"] == "forward"), key=lambda r: r["t_s"])
     starts = [f["t_s"] for f in forwards]
@@ -132,6 +133,8 @@ def decode_periods(records: list[dict],
             continue
         kind, _, _, batch, context = shape_of(forwards[lo]["rows"])
         if within is not None and not any(a <= step["t_s"] and after["t_s"] <= b for a, b in within):
+            continue
+        if apart is not None and any(a < after["t_s"] and step["t_s"] < b for a, b in apart):
             continue
         if kind == "decode":
             out.append((batch, context, after["t_s"] - step["t_s"]))

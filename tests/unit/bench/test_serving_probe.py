@@ -102,6 +102,10 @@ def test_the_cores_a_step_takes_beside_another_give_back_the_measured_slowdown_o
     # what one core per step already makes (or a host with cores to spare) needs nothing more
     assert fit_step_cores(1.30, 2, 0.64) == 1.0
     assert fit_step_cores(1.02, 8, 0.64) == 1.0
+    # two steps on two cores with the serving path taking nothing: no core to spare, the slowdown is the demand
+    # (measured: a colocated prompt x1.31 beside a decode x1.28, where the pair left the serving path 0 per token)
+    assert fit_step_cores(1.30, 2, 0.0) == pytest.approx(1.30)
+    assert fit_step_cores(1.30, 3, 0.0) == 1.0
 
 
 def test_the_prefill_weight_and_step_cores_give_back_both_slowdowns_measured_beside_each_other():
@@ -135,22 +139,37 @@ def _pass(t_s, dt_s, rows):
     return {"kind": "forward", "t_s": t_s, "dt_s": dt_s, "rows": rows}
 
 
-def test_the_decode_slowdown_beside_the_prefill_counts_only_the_steps_inside_the_probes_long_prefills():
-    """The decode engine's turns that start and end inside one of the prefill engine's passes over the long prompt
-    (after the lone phase), each period over the step's time alone."""
+def test_the_decode_slowdown_beside_the_prefill_is_the_steps_inside_its_passes_over_the_steps_apart_from_them():
+    """Within the phase's span (not the lone phase before it): the decode engine's turns at the phase's batch that
+    start and end inside one of the prefill engine's passes over the long prompt, against its turns at that batch
+    apart from them (the baseline in the same minute), each period over the step's time alone."""
     alone_s = lambda batch, context: 0.010                               # noqa: E731
-    prefill = [_pass(0.5, 1.0, [[LONG_PROMPT_TOKENS, 0]]),                # the lone phase: before after_s
-               _pass(2.0, 0.2, [[100, 0]]),                               # the decode batch's own prompt
-               _pass(3.0, 0.3, [[LONG_PROMPT_TOKENS, 0]])]
-    inside = [r for i in range(MIN_PERIODS + 1) for r in _turn(3.0 + 0.015 * i, 0.012, [[1, 100 + i]] * 4)]
-    outside = [r for i in range(20) for r in _turn(2.0 + 0.015 * i, 0.008, [[1, 50 + i]] * 4)]
-    lone = [r for i in range(20) for r in _turn(0.5 + 0.015 * i, 0.005, [[1, 10 + i]] * 4)]
-    records = {"prefill-engine-1": prefill, "decode-engine-2": lone + outside + inside}
-    slowdown, steps = _decode_beside_prefill(records, 1.9, alone_s)
-    # the inside turns' periods are 15 ms (the last one's next turn is not inside: left out)
+
+    def phase(scale):
+        prefill = [_pass(0.5, 1.0, [[LONG_PROMPT_TOKENS, 0]]),            # the lone phase: before the span
+                   _pass(2.0, 0.2, [[100, 0]]),                           # the decode batch's own prompt
+                   _pass(3.0, 0.3, [[LONG_PROMPT_TOKENS, 0]])]
+        inside = [r for i in range(MIN_PERIODS + 1)
+                  for r in _turn(3.0 + 0.015 * scale * i, 0.012, [[1, 100 + i]] * 4)]
+        apart = [r for i in range(20) for r in _turn(2.0 + 0.010 * scale * i, 0.008, [[1, 50 + i]] * 4)]
+        forming = [r for i in range(20) for r in _turn(1.9 + 0.004 * i, 0.003, [[1, 40 + i]] * 2)]   # batch 2
+        lone = [r for i in range(20) for r in _turn(0.5 + 0.015 * i, 0.005, [[1, 10 + i]] * 4)]
+        return {"prefill-engine-1": prefill, "decode-engine-2": lone + forming + apart + inside}, prefill, apart
+
+    records, prefill, apart = phase(1.0)
+    slowdown, steps = _decode_beside_prefill(records, (1.9, 4.0), 4, alone_s)
+    # inside 15 ms, apart 10 ms (the last inside turn's next turn is not inside: left out; batch 2 turns too)
     assert steps == MIN_PERIODS and slowdown == pytest.approx(1.5)
-    with pytest.raises(RuntimeError, match="decode steps beside"):
-        _decode_beside_prefill({"prefill-engine-1": prefill, "decode-engine-2": lone + outside}, 1.9, alone_s)
+    # the machine 20% slower in this minute: both move, the slowdown does not
+    assert _decode_beside_prefill(phase(1.2)[0], (1.9, 4.0), 4, alone_s)[0] == pytest.approx(1.5)
+    with pytest.raises(RuntimeError, match="decode steps at batch 4 beside"):
+        _decode_beside_prefill({"prefill-engine-1": prefill, "decode-engine-2": apart}, (1.9, 4.0), 4, alone_s)
+    # a span that ends before the pass (another load's phase) has none of its steps
+    with pytest.raises(RuntimeError, match="decode steps at batch 4 beside"):
+        _decode_beside_prefill(records, (1.9, 2.9), 4, alone_s)
+    # no steps apart from the passes: no baseline
+    with pytest.raises(RuntimeError, match="0 apart from them"):
+        _decode_beside_prefill(records, (2.5, 4.0), 4, alone_s)
 
 
 def test_the_prefill_scale_is_timed_in_turns_so_the_machines_speed_cancels(monkeypatch, tmp_path):
@@ -247,20 +266,37 @@ def test_the_colocated_pairs_slowdown_at_two_loads_gives_the_cores_a_step_takes_
 
 
 def test_a_colocated_prompt_alone_in_its_pass_is_timed_beside_the_other_instances_decode_steps_inside_it():
-    """The colocated pair's phase of prompts beside a decode: Triton alternates the instances, so every other prompt
-    runs alone in its pass on the idle instance (timed) and every other one in a step with the decode (not a
-    prompt-only pass: left out); the decode steps counted are the other instance's, inside the timed passes."""
+    """The colocated pair's prompts: first alone on the idle pair (the baseline in the same minute), then beside a
+    decode. Triton alternates the instances, so every other prompt runs alone in its pass on the idle instance
+    (timed) and every other one in a step with the decode (not a prompt-only pass: left out); the decode steps
+    counted are the other instance's inside the timed passes, against its steps apart from them."""
     alone_s = lambda batch, context: 0.010                               # noqa: E731
-    # instance A decodes 1 sequence throughout; its prompts' steps are mixed (a prompt and the decode row)
-    a = [r for i in range(60) for r in _turn(1.0 + 0.015 * i, 0.012, [[1, 100 + i]])]
-    a += [_pass(1.5, 0.2, [[LONG_PROMPT_TOKENS, 0], [1, 140]])]
-    # instance B: prompts alone in their pass, 0.15 s each (the second ends after the phase: left out)
-    b = [_pass(1.05, 0.15, [[LONG_PROMPT_TOKENS, 0]]), _pass(1.3, 0.15, [[LONG_PROMPT_TOKENS, 0]]),
-         _pass(1.85, 0.2, [[LONG_PROMPT_TOKENS, 0]])]
-    records = {"colocated-engine-1": a, "colocated-engine-2": b}
-    prompt_s, slowdown, steps = _prompts_beside_decode(records, (1.0, 1.8), alone_s)
-    assert prompt_s == pytest.approx(0.15)
-    # A's turns inside B's two passes: 15 ms periods over 10 ms alone
-    assert slowdown == pytest.approx(1.5) and steps >= MIN_PERIODS
+
+    def pair(scale):
+        # the idle pair: a prompt alone on each instance in turn, 0.1 s each
+        a = [_pass(0.1, 0.1 * scale, [[LONG_PROMPT_TOKENS, 0]])]
+        b = [_pass(0.3, 0.1 * scale, [[LONG_PROMPT_TOKENS, 0]])]
+        # then instance A decodes 1 sequence: 10 ms periods apart from B's prompts, 15 ms inside them; its own
+        # prompts' steps are mixed (a prompt and the decode row)
+        t, turns = 1.0, []
+        while t < 1.9:
+            inside = 1.05 <= t < 1.2 or 1.3 <= t < 1.45
+            turns += _turn(t, 0.008, [[1, 100 + len(turns)]])
+            t += (0.015 if inside else 0.010) * scale
+        a += turns + [_pass(1.5, 0.2, [[LONG_PROMPT_TOKENS, 0], [1, 140]])]
+        # instance B: prompts alone in their pass, 0.15 s each (the third ends after the phase: left out)
+        b += [_pass(1.05, 0.15 * scale, [[LONG_PROMPT_TOKENS, 0]]), _pass(1.3, 0.15 * scale, [[LONG_PROMPT_TOKENS, 0]]),
+              _pass(1.85, 0.2, [[LONG_PROMPT_TOKENS, 0]])]
+        return {"colocated-engine-1": a, "colocated-engine-2": b}
+
+    spans = ((0.0, 0.9), (1.0, 1.8))
+    prompt, slowdown, steps = _prompts_beside_decode(pair(1.0), spans, alone_s)
+    assert prompt == pytest.approx(1.5)                      # 0.15 s beside the decode, 0.1 s on the idle pair
+    assert slowdown == pytest.approx(1.5, rel=0.05) and steps >= MIN_PERIODS   # A's turns: 15 ms inside, 10 apart
+    # the machine 20% slower in this minute: every pass and step moves, the slowdowns do not
+    later = _prompts_beside_decode(pair(1.2), spans, alone_s)
+    assert later[0] == pytest.approx(prompt) and later[1] == pytest.approx(slowdown, rel=0.05)
     with pytest.raises(RuntimeError, match="prompts of"):
-        _prompts_beside_decode({"colocated-engine-1": a}, (1.0, 1.8), alone_s)
+        _prompts_beside_decode({"colocated-engine-1": pair(1.0)["colocated-engine-1"]}, spans, alone_s)
+    with pytest.raises(RuntimeError, match="0 prompts of 512 tokens alone on the idle pair"):
+        _prompts_beside_decode(pair(1.0), ((0.5, 0.9), (1.0, 1.8)), alone_s)

@@ -35,6 +35,19 @@ def test_a_decode_steps_period_runs_from_its_turns_start_to_the_next_turns():
     assert [round(p, 4) for _, _, p in periods] == [0.005, 0.0052, 0.007]
 
 
+def test_periods_within_spans_or_apart_from_them():
+    """within: the turns that start and end inside a span (a prefill pass beside them); apart: the turns that
+    overlap none (the same batch's steps around those passes, their baseline in the same minute)."""
+    records = [r for i in range(6) for r in _turn(0.005 * i, 0.004, [[1, 10 + i]])]
+    spans = [(0.0095, 0.0201)]
+    # (a decode row's context is its start_pos + 1; the last turn has no next one: no period)
+    assert [ctx for _, ctx, _ in decode_periods(records, within=spans)] == [13, 14]
+    assert [ctx for _, ctx, _ in decode_periods(records, apart=spans)] == [11]
+    # a turn that straddles a span's edge is neither
+    assert [ctx for _, ctx, _ in decode_periods(records, within=[(0.0095, 0.018)])] == [13]
+    assert [ctx for _, ctx, _ in decode_periods(records, apart=[(0.0095, 0.018)])] == [11, 15]
+
+
 def test_turns_with_a_prefill_or_more_than_one_pass_give_no_decode_period():
     two_passes = _turn(0.0, 0.008, [[1, 10]])
     two_passes.append({"kind": "forward", "t_s": 0.004, "dt_s": 0.003, "rows": [[1, 11]]})   # a failed row retried
