@@ -116,22 +116,20 @@ def _real_prefill_compute(url: str, prompt: str, rounds: int) -> float:
 
 
 def _prefill_side_by_side(url: str, prompt: str, num_tokens: int, engine_dir: Path,
-                          rounds: int) -> tuple[float, float, list[float]]:
-    """Median seconds of one prompt's prefill pass (`prompt`, `num_tokens` ids) in the server (the compute the engine
-    reports) and of the same pass in this process on the same engine folder, in turns: the machine's speed, which
-    moves by 10-30% between minutes here, is the same for both, so their ratio is the serving process's own (the
-    profile's figure for the prompt was timed minutes before; against it the probe read 0.87 in one run and 1.01 in
-    the next). Also every server request's TTFT."""
+                          rounds: int) -> tuple[float, list[float]]:
+    """Median seconds of one prompt's prefill pass (`prompt`, `num_tokens` ids) in this process on the same engine
+    folder, timed in turns with the same prompt sent alone to the server (whose pass the engine's step trace times):
+    the machine's speed, which moves by 10-30% between minutes here, is the same for both, so their ratio is the
+    serving process's own (the profile's figure for the prompt was timed minutes before; against it the probe read
+    0.87 in one run and 1.01 in the next). Also every server request's TTFT."""
     from trtpd.engine.profiling import measure_prefill_s
 
-    served, alone, ttfts = [], [], []
+    alone, ttfts = [], []
     for r in range(rounds):
         alone.append(measure_prefill_s(engine_dir, [num_tokens], 1))
         time.sleep(LONE_IDLE_S)
-        compute_s, ttft_s = _lone_prefill(url, prompt, f"turn-{r}")
-        served.append(compute_s)
-        ttfts.append(ttft_s)
-    return statistics.median(served), statistics.median(alone), ttfts
+        ttfts.append(_lone_prefill(url, prompt, f"turn-{r}")[1])
+    return statistics.median(alone), ttfts
 
 
 def warm_every_instance(url: str, prompt: str, num_instances: int, max_tokens: int = 1) -> None:
@@ -283,6 +281,15 @@ def fit_beside_prompt(prompt_slowdown: float, decode_slowdown: float, host_cores
             fit_step_cores(together, host_cores, serving_cores))
 
 
+def _inside_and_apart(traces: list[tuple[list[dict], list[tuple[float, float]]]], batch: int
+                      ) -> tuple[list[tuple[int, int, float]], list[tuple[int, int, float]]]:
+    """For each (an engine's trace records, the other engine's passes): its decode periods at `batch` inside those
+    passes, and those apart from them (the same phase's baseline)."""
+    inside = [p for recs, spans in traces for p in step_trace.decode_periods(recs, within=spans) if p[0] == batch]
+    apart = [p for recs, spans in traces for p in step_trace.decode_periods(recs, apart=spans) if p[0] == batch]
+    return inside, apart
+
+
 def _decode_beside_prefill(records: dict[str, list[dict]], span_s: tuple[float, float], batch: int,
                            alone_s: Callable[[int, int], float]) -> tuple[float, int]:
     """The decode steps' slowdown while the probe's long prompts were being prefilled, and how many steps: within
@@ -293,9 +300,8 @@ def _decode_beside_prefill(records: dict[str, list[dict]], span_s: tuple[float, 
     probe the steps beside a prefill read x1.18-1.38 at a batch of 1 in three runs."""
     passes = [span for name, recs in records.items() if name.startswith("prefill-")
               for span in step_trace.prefill_passes(_in_span(recs, span_s), LONG_PROMPT_TOKENS)]
-    decode = [_in_span(recs, span_s) for name, recs in records.items() if name.startswith("decode-")]
-    inside = [p for recs in decode for p in step_trace.decode_periods(recs, within=passes) if p[0] == batch]
-    apart = [p for recs in decode for p in step_trace.decode_periods(recs, apart=passes) if p[0] == batch]
+    inside, apart = _inside_and_apart([(_in_span(recs, span_s), passes) for name, recs in records.items()
+                                       if name.startswith("decode-")], batch)
     if min(len(inside), len(apart)) < MIN_PERIODS:
         raise RuntimeError(f"serving probe: {len(inside)} decode steps at batch {batch} beside the {len(passes)} "
                            f"traced prefills of {LONG_PROMPT_TOKENS} tokens and {len(apart)} apart from them, "
@@ -356,12 +362,11 @@ def _colocated_pair(build_root: Path, prompts: list[str], long_prompt: str, trac
                                    f"{next(r.error for r in results if r.error)}")
             spans[batch] = (started, time.monotonic())
         started = time.monotonic()
-        for r in range(2 * LONG_PROMPT_ROUNDS):
-            _lone_prefill(url, long_prompt, f"lone-pair-{r}")
+        _real_prefill_compute(url, long_prompt, 2 * LONG_PROMPT_ROUNDS)   # their passes are read from the trace
         lone_span = (started, time.monotonic())
         started = time.monotonic()
-        _stream_beside(url, prompts[:1], lambda: [_lone_prefill(url, long_prompt, f"beside-decode-{r}")
-                                                  for r in range(2 * LONG_PROMPT_ROUNDS)], BESIDE_PROMPTS_TOKENS)
+        _stream_beside(url, prompts[:1], lambda: _real_prefill_compute(url, long_prompt, 2 * LONG_PROMPT_ROUNDS),
+                       BESIDE_PROMPTS_TOKENS)
         beside_span = (started, time.monotonic())
     finally:
         deployment.down(dep.name)
@@ -385,11 +390,9 @@ def _prompts_beside_decode(records: dict[str, list[dict]], spans_s: tuple[tuple[
                 for name, recs in records.items()}
 
     lone, beside = passes(spans_s[0]), passes(spans_s[1])
-    others = {name: [span for other, spans in beside.items() if other != name for span in spans] for name in records}
-    inside = [p for name, recs in records.items()
-              for p in step_trace.decode_periods(_in_span(recs, spans_s[1]), within=others[name]) if p[0] == 1]
-    apart = [p for name, recs in records.items()
-             for p in step_trace.decode_periods(_in_span(recs, spans_s[1]), apart=others[name]) if p[0] == 1]
+    inside, apart = _inside_and_apart([(_in_span(recs, spans_s[1]), [
+        span for other, spans in beside.items() if other != name for span in spans]) for name, recs in records.items()],
+        1)
     lone_s = [end - start for spans in lone.values() for start, end in spans]
     beside_s = [end - start for spans in beside.values() for start, end in spans]
     if not lone_s or not beside_s or min(len(inside), len(apart)) < MIN_PERIODS:
@@ -426,7 +429,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
                 url, long_prompt if n == LONG_PROMPT_TOKENS else prompt_with_tokens(tokenizer, n, seed=99), n,
                 prefill_engine, LONE_ROUNDS) for n in PASS_PROMPT_TOKENS}
             lone_span = (lone_from, time.monotonic())
-            ttft_long = side_by_side[LONG_PROMPT_TOKENS][2]   # the long prompt's TTFTs (the response latency)
+            ttft_long = side_by_side[LONG_PROMPT_TOKENS][1]   # the long prompt's TTFTs (the response latency)
             for batch in STEP_BATCHES:   # decode steps at more batch sizes for the step costs' line
                 _real(url, prompts[:batch], 1)
             serving_cpu = serving_cpu_reader(dep)
@@ -455,7 +458,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     if not all(served_passes.values()):
         raise RuntimeError(f"serving probe: no lone prefill pass in the trace for prompts of "
                            f"{[n for n, v in served_passes.items() if not v]} tokens")
-    pass_points = [(side_by_side[n][1], float(statistics.median(served_passes[n]))) for n in PASS_PROMPT_TOKENS]
+    pass_points = [(side_by_side[n][0], float(statistics.median(served_passes[n]))) for n in PASS_PROMPT_TOKENS]
     prefill_scale, prefill_pass_s = fit_prefill_pass(pass_points)
     model = get_model(load_checkpoint(build_root / "checkpoint").spec.name)
     opts = options_from_engines(build_root, ClusterOptions(num_colocated=1, first_token_at="decode"))
