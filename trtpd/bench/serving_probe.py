@@ -16,6 +16,10 @@ streamed over gRPC, with the engines tracing their steps (trtpd/engine/step_trac
   read from /proc; per streamed token, it is the serving path's share of the host's cores, which the simulator's
   shared cores take from the engines when the host is oversubscribed (`host_cores`, `serving_cpu_per_token_s`;
   trtpd/sim/shared_cores.py),
+- the serving path's CPU per request beyond its tokens: lone requests of PER_REQUEST_TOKENS tokens, the CPU of
+  the server's group but the engine stubs from /proc, less what those processes spend idle; per request, the
+  simulator's job on the shared cores from the request's arrival (`serving_cpu_per_request_s`). It leaves the
+  per-token figure, whose batch of 8 ran BIG_BATCH x rounds requests,
 - what a step costs beside another engine's (`step_cores`, and `prefill_weight`): disaggregated, a long prefill
   beside a decode batch; colocated, a second deployment of two instances decoding 1, 2 and then 4 requests each,
   the line through the loads' slowdowns (fit_shared_demand: the serving path's share per token, at most its CPU from
@@ -72,6 +76,9 @@ PAIR_BATCHES = (1, 2, CONTENTION_BATCH)   # colocated: two instances decoding th
 CONTENTION_TOKENS = 300     # its output: long enough to outlast the prefills measured beside it
 PAIR_SPACING_S = 0.02       # between the requests for two colocated instances, so each gets every other one
 CONTENTION_SETTLE_S = 0.3   # the batch is formed (its requests admitted one by one) before anything is timed
+PER_REQUEST_TOKENS = 2      # lone requests for the serving path's CPU per request: the first token and one decoded
+# (disaggregated, decode pulls the KV), so that every hop a request takes runs; LONE_ROUNDS of them
+IDLE_READ_S = 1.0           # the server's processes' CPU while idle (their loops poll), read over this long first
 BESIDE_PROMPTS_TOKENS = 500  # colocated: the output (max_tokens is at most 512) of the one request decoding while
 #                              prompts run on the other instance
 
@@ -211,14 +218,38 @@ def _with_serving(hardware: HardwareProfile, mode: str, overhead: ServingOverhea
                                                     for m in hardware.measured]})
 
 
-def serving_cpu_reader(dep: deployment.Deployment) -> Callable[[], float]:
+def serving_cpu_reader(dep: deployment.Deployment, client: bool = True) -> Callable[[], float]:
     """A reading of the CPU seconds spent so far outside the engines: the server's group but the engine stubs
-    (tritonserver, the orchestrator and pre/post-processing stubs), and this process (the client)."""
+    (tritonserver, the orchestrator and pre/post-processing stubs), and this process (the client) unless
+    client=False."""
     engines = {e.pid for e in stub_watch.read_registry(dep.folder) if e.model in ENGINE_MODELS}
     if not engines:
         raise RuntimeError(f"serving probe: no engine stub of {', '.join(ENGINE_MODELS)} in {dep.folder}/stubs")
     others = [pid for pid in group_pids([dep.server.pid]) if pid not in engines]
-    return lambda: cpu_s(others) + time.process_time()
+    return (lambda: cpu_s(others) + time.process_time()) if client else (lambda: cpu_s(others))
+
+
+def _per_request_cpu(url: str, prompt: str, server_cpu: Callable[[], float]) -> float:
+    """The serving path's CPU per request beyond its tokens (fit_per_request_cpu): the server's processes outside
+    the engine stubs idle for IDLE_READ_S, then serve LONE_ROUNDS lone requests of PER_REQUEST_TOKENS tokens."""
+    time.sleep(LONE_IDLE_S)
+    idle_from, idle_before = time.monotonic(), server_cpu()
+    time.sleep(IDLE_READ_S)
+    started, before = time.monotonic(), server_cpu()
+    idle_cpu_per_s = (before - idle_before) / (started - idle_from)
+    _real_samples(url, [prompt], LONE_ROUNDS, PER_REQUEST_TOKENS, idle_before_s=LONE_IDLE_S)
+    return fit_per_request_cpu(server_cpu() - before, idle_cpu_per_s, time.monotonic() - started, LONE_ROUNDS)
+
+
+def fit_per_request_cpu(cpu_s: float, idle_cpu_per_s: float, wall_s: float, num_requests: int) -> float:
+    """The serving path's CPU per request, seconds: what the server's processes outside the engine stubs spent
+    over `wall_s` of lone requests (`cpu_s`) less what they spend idle over as long (`idle_cpu_per_s`: their loops
+    poll), per request. Outside the engine stubs, as the per-token figure: the engine stubs' own serving work is in
+    their steps' periods and passes (the step costs, prefill_pass_s). Measured on the 2-core reference fleet: 16.5
+    ms disaggregated, 10.0 colocated."""
+    if num_requests < 1 or wall_s <= 0:
+        raise ValueError(f"per-request CPU: {num_requests} requests over {wall_s} s; one or more over a span")
+    return max(0.0, (cpu_s - idle_cpu_per_s * wall_s) / num_requests)
 
 
 def fit_step_cores(slowdown: float, host_cores: int, serving_cores: float, steps: int = 2) -> float:
@@ -422,6 +453,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             run_stream(url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
             ttft1, tpot1 = _real_samples(url, prompts[:1], LONE_ROUNDS, idle_before_s=LONE_IDLE_S)
             real1 = statistics.median(ttft1), statistics.median(tpot1)
+            per_request_s = _per_request_cpu(url, prompts[0], serving_cpu_reader(dep, client=False))
             warm_every_instance(url, long_prompt, 1)
             prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
             lone_from = time.monotonic()
@@ -435,7 +467,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             serving_cpu = serving_cpu_reader(dep)
             cpu_before_s = serving_cpu()
             real8 = _real(url, prompts, rounds)
-            cpu_per_token_s = (serving_cpu() - cpu_before_s) / (BIG_BATCH * OUTPUT_TOKENS * rounds)
+            batch8_cpu_s = serving_cpu() - cpu_before_s
             alone_until = time.monotonic()
             if mode == "disaggregated":
                 # the prefill alone just before the batch streams: its baseline in the same minute
@@ -447,6 +479,10 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
         finally:
             deployment.down(dep.name)
         traced = step_trace.read_trace(Path(trace_dir) / "one")
+        # per token: the batch of 8's CPU outside the engines, less its requests' own (the simulator runs those as
+        # jobs from their arrivals)
+        cpu_per_token_s = max(0.0, batch8_cpu_s - BIG_BATCH * rounds * per_request_s) / (
+            BIG_BATCH * OUTPUT_TOKENS * rounds)
         alone = [p for records in traced.values()
                  for p in step_trace.decode_periods([r for r in records if r["t_s"] <= alone_until])]
         if mode == "colocated":
@@ -510,7 +546,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     overhead = ServingOverhead(host_cores=host_cores, serving_cpu_per_token_s=per_token_s,
                                step_overhead_s=step_s, per_sequence_step_s=per_sequence_s, step_cores=step_cores,
                                prefill_weight=prefill_weight, prefill_step_cores=prefill_step_cores,
-                               prefill_compute_scale=prefill_scale, prefill_pass_s=prefill_pass_s)
+                               prefill_compute_scale=prefill_scale, prefill_pass_s=prefill_pass_s,
+                               serving_cpu_per_request_s=per_request_s)
     make = disaggregated_cluster if mode == "disaggregated" else colocated_cluster
     # the measured costs without any response latency: what the real TTFTs are held against
     cluster = replace(make(model, _with_serving(hardware, mode, overhead), opts), response_latency_s=0.0)
@@ -526,7 +563,8 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
              f"{(real1[0] - sim1[0]) * 1e3:.1f} ms ({real1[0] * 1e3:.1f} real, median of {len(ttft1)}), "
              f"{LONG_PROMPT_TOKENS} tokens +{(statistics.median(ttft_long) - sim_long) * 1e3:.1f} ms (of "
              f"{len(ttft_long)}) -> response +{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU "
-             f"{cpu_per_token_s * 1e3:.2f} ms per token on {host_cores} shared cores; a prompt of "
+             f"{cpu_per_token_s * 1e3:.2f} ms per token and {per_request_s * 1e3:.1f} ms per request (lone requests of "
+             f"{PER_REQUEST_TOKENS} tokens) on {host_cores} shared cores; a prompt of "
              f"{'/'.join(map(str, PASS_PROMPT_TOKENS))} tokens alone: the prefill pass "
              f"{' / '.join(f'{y * 1e3:.1f}' for _, y in pass_points)} ms in the server, "
              f"{' / '.join(f'{x * 1e3:.1f}' for x, _ in pass_points)} in this process in turns with it (the "

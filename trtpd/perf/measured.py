@@ -70,6 +70,16 @@ class ServingOverhead(BaseModel):
                                            "(with host_cores): the CPU it spends (disaggregated), or the slope of "
                                            "two colocated instances' slowdown against the tokens they stream, at "
                                            "most that CPU (trtpd/bench/serving_probe.fit_shared_demand)")
+    serving_cpu_per_request_s: float = Field(default=0.0, ge=0, description="seconds of the host's cores the "
+                                             "serving path spends on a request beyond its streamed tokens (with "
+                                             "host_cores): intake, the orchestrator's hops, the KV handoff, the "
+                                             "end of the stream, in the server's processes but the engine stubs "
+                                             "(whose serving work is in their steps, as the step costs); lone "
+                                             "requests of two tokens through the real server, their CPU from /proc "
+                                             "less those processes' idle CPU (trtpd/bench/serving_probe.py); the "
+                                             "simulator runs it as a job on the shared cores from the request's "
+                                             "arrival (trtpd/sim/shared_cores.py). 0 in profiles measured before "
+                                             "2026-12-06")
     step_cores: float = Field(default=1.0, ge=1, description="the host's cores a step in flight takes as the other "
                               "engines feel it (with host_cores): its engine thread, and what the serving path's "
                               "work in its process costs a step beside it; measured with two engines stepping "

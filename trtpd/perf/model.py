@@ -31,6 +31,7 @@ class SharedCoresSpec:
     step_cores: float = 1.0               # the host's cores a step in flight takes as the other engines feel it
     prefill_weight: float = 1.0           # a prompt pass's share of the cores against a step that only decodes
     prefill_step_cores: float | None = None   # step_cores while a prompt pass is in flight (None: step_cores)
+    serving_cpu_per_request_s: float = 0.0     # the serving path's CPU per request beyond its tokens (a job from arrival)
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -41,6 +42,9 @@ class SharedCoresSpec:
             raise ValueError(f"shared cores: step_cores must be at least 1 (one engine thread), got {self.step_cores}")
         if not 0 < self.prefill_weight <= 1:
             raise ValueError(f"shared cores: prefill_weight must be in (0, 1], got {self.prefill_weight}")
+        if self.serving_cpu_per_request_s < 0:
+            raise ValueError(f"shared cores: serving_cpu_per_request_s must be >= 0, got "
+                             f"{self.serving_cpu_per_request_s}")
         if self.prefill_step_cores is not None and self.prefill_step_cores < 1:
             raise ValueError(f"shared cores: prefill_step_cores must be at least 1, got {self.prefill_step_cores}")
 
@@ -73,7 +77,8 @@ def instance_perf(model: ModelSpec, hardware: HardwareProfile, tp: int = 1, weig
     capacity = measured.kv_capacity_tokens or roofline.kv_capacity_tokens
     serving = measured.serving.get(mode) if mode else None
     shared = SharedCoresSpec(serving.host_cores, serving.serving_cpu_per_token_s, serving.step_cores,
-                             serving.prefill_weight, serving.prefill_step_cores) \
+                             serving.prefill_weight, serving.prefill_step_cores,
+                             serving.serving_cpu_per_request_s) \
         if serving is not None and serving.host_cores else None
     return InstancePerf(MeasuredPerfModel(measured, serving), tp, capacity, model.kv_bytes_per_token(kv),
                         serving.response_latency_s if serving else 0.0, shared)

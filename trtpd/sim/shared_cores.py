@@ -21,7 +21,13 @@ in cores:
   fleet between none and half of the CPU it spends (part of it runs while the engine threads wait anyway: the
   pair ran 1.41-1.51x a lone instance's steps at 1 each and 1.53-1.61x at 4, where all of it on top of one core
   per step would make 1.31-1.33x and 1.65-1.68x; benchmarks/pair_slowdown.py).
-Both terms come from the machine the profile was measured on (`ServingOverhead.host_cores`).
+- one for each of the serving path's jobs in flight: every request's own work outside the engines and beyond its
+  tokens (`serving_cpu_per_request_s`: intake, the orchestrator's hops, the KV handoff, the stream's end, in the
+  server's processes but the engine stubs; measured on the 2-core reference fleet with lone requests of two tokens:
+  16.5 ms disaggregated, 10.0 colocated, where a lone request's first token takes 30-47 ms) runs as a job of that
+  many seconds from the request's arrival, one thread's core at most, sharing the cores as a step does. Alone beside a request's own prefill it changes nothing (two cores, two
+  threads); where requests arrive together (bursts) their jobs take the cores from the passes in flight.
+The terms come from the machine the profile was measured on (`ServingOverhead.host_cores`).
 
 The steps in flight do not share what the cores give them equally. A pass that computes prompts (a prefill
 instance's, or a colocated step with prompts in it, alone or beside decode rows: `prompt_pass`) runs without a
@@ -68,11 +74,21 @@ class _Step:
     version: int = 0              # its latest end event's; any other end event of its instance is stale
 
 
+@dataclass
+class _Job:
+    """The serving path's work for one request outside the engines (serving_cpu_per_request_s)."""
+    remaining_s: float            # CPU seconds left
+    speed: float = 1.0            # the fraction of a core it runs at now
+    version: int = 0              # its latest end event's
+
+
 class SharedCores:
     def __init__(self, spec: SharedCoresSpec, loop: EventLoop) -> None:
         self.spec = spec
         self.loop = loop
         self.steps: dict[int, _Step] = {}        # by id(instance): at most one step each
+        self.jobs: dict[int, _Job] = {}          # the serving path's per-request work in flight, by number
+        self._job_ids = itertools.count()
         self._since_s = 0.0                      # when the steps' remaining work was last brought up to date
         self._versions = itertools.count(1)      # one for all: an instance's earlier steps' events never match
 
@@ -88,17 +104,26 @@ class SharedCores:
                                                 weight, prompt_pass)
         self._reschedule(now_s, step)
 
+    def serve(self, now_s: float, cpu_s: float) -> None:
+        """Starts a job of the serving path: `cpu_s` seconds of one thread's work on the shared cores (a request's
+        work outside the engines, from its arrival); nothing waits for it, the steps beside it slow."""
+        if cpu_s <= 0:
+            return
+        self._progress(now_s)
+        job = self.jobs[next(self._job_ids)] = _Job(cpu_s)
+        self._reschedule(now_s, started_job=job)
+
     def _progress(self, now_s: float) -> None:
         if now_s > self._since_s:
             elapsed_s = now_s - self._since_s
-            for step in self.steps.values():
-                step.remaining_s -= elapsed_s * step.speed
+            for item in [*self.steps.values(), *self.jobs.values()]:
+                item.remaining_s -= elapsed_s * item.speed
         self._since_s = now_s
 
-    def _reschedule(self, now_s: float, started: _Step | None = None) -> None:
-        """Recomputes the steps' speeds (each a fraction of its speed alone); every step whose speed changed (and a
-        step just started) gets a new end."""
-        steps = self.steps.values()
+    def _reschedule(self, now_s: float, started: _Step | None = None, started_job: _Job | None = None) -> None:
+        """Recomputes the steps' and jobs' speeds (each a fraction of its speed alone); every one whose speed changed
+        (and one just started) gets a new end."""
+        steps, jobs = list(self.steps.values()), list(self.jobs.values())
         # a step alone keeps one core: what it costs beside others is measured beside others (a lone step's costs
         # in the server are in its alone time already, ServingOverhead's step costs)
         if len(steps) < 2:
@@ -107,17 +132,24 @@ class SharedCores:
             per_step = self.spec.prefill_step_cores     # a prompt's pass beside a step that streams
         else:
             per_step = self.spec.step_cores
-        demand = per_step * len(steps) + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps)
+        demand = (per_step * len(steps) + len(jobs)
+                  + self.spec.serving_cpu_per_token_s * sum(s.tokens_per_s for s in steps))
+        weights = [s.weight for s in steps] + [1.0] * len(jobs)
         if demand <= self.spec.cores:
-            speeds = [1.0] * len(steps)
-        elif self.spec.prefill_weight == 1.0 or len({s.weight for s in steps}) == 1:
-            speeds = [self.spec.cores / demand] * len(steps)     # equal weights: plain processor sharing
+            speeds = [1.0] * len(weights)
+        elif self.spec.prefill_weight == 1.0 or len(set(weights)) == 1:
+            speeds = [self.spec.cores / demand] * len(weights)     # equal weights: plain processor sharing
         else:
-            speeds = share(len(steps) * self.spec.cores / demand, [s.weight for s in steps])
+            speeds = share(len(weights) * self.spec.cores / demand, weights)
         for step, speed in zip(steps, speeds):   # _push leaves self.steps as it is
             if speed != step.speed or step is started:
                 step.speed = speed
                 self._push(step, now_s)
+        for key, job, speed in zip(list(self.jobs), jobs, speeds[len(steps):]):
+            if speed != job.speed or job is started_job:
+                job.speed = speed
+                job.version = next(self._versions)
+                self.loop.push(now_s + max(0.0, job.remaining_s) / speed, self._job_end, (key, job.version))
 
     def _push(self, step: _Step, now_s: float) -> None:
         step.version = next(self._versions)
@@ -133,6 +165,15 @@ class SharedCores:
         self._reschedule(now_s)
         step.instance.busy_s += (now_s - step.started_s) - step.alone_s
         step.handler(now_s, step.arg)
+
+    def _job_end(self, now_s: float, event: tuple[int, int]) -> None:
+        key, version = event
+        job = self.jobs.get(key)
+        if job is None or job.version != version:
+            return                               # moved since: a later event ends it
+        self._progress(now_s)
+        del self.jobs[key]
+        self._reschedule(now_s)
 
 
 def share(total: float, weights: list[float]) -> list[float]:

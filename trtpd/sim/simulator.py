@@ -160,6 +160,8 @@ class Simulator:
         instance = self._by_name[route.instance]
         if self.colocated:
             r.decode_instance[index] = instance.index
+        if self.shared is not None:    # the serving path's work for the request, on the cores the engines share
+            self.shared.serve(now_s, self.shared.spec.serving_cpu_per_request_s)
         instance.add(now_s, index)
 
     def _on_prefilled(self, now_s: float, index: int) -> None:

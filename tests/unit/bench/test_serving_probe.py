@@ -6,7 +6,7 @@ import random
 import pytest
 
 from trtpd.bench.serving_probe import (LONG_PROMPT_TOKENS, MIN_PERIODS, _decode_beside_prefill, _prompts_beside_decode,
-                                       fit_beside_prompt, fit_prefill_weight,
+                                       fit_beside_prompt, fit_per_request_cpu, fit_prefill_weight,
                                        fit_shared_demand, fit_step_cores, fit_step_costs)
 from trtpd.perf.measured import ServingOverhead
 from tests.unit.engine.test_step_trace import _turn
@@ -301,3 +301,12 @@ def test_a_colocated_prompt_alone_in_its_pass_is_timed_beside_the_other_instance
         _prompts_beside_decode({"colocated-engine-1": pair(1.0)["colocated-engine-1"]}, spans, alone_s)
     with pytest.raises(RuntimeError, match="0 prompts of 512 tokens alone on the idle pair"):
         _prompts_beside_decode(pair(1.0), ((0.5, 0.9), (1.0, 1.8)), alone_s)
+
+
+def test_the_per_request_cpu_is_the_servers_cpu_less_its_idle_cpu():
+    """Six lone requests over 3 s: the server's processes outside the engine stubs spent 0.20 s, 0.02 s a second
+    while idle: (0.20 - 0.06) / 6 = 23.3 ms a request. More idle CPU than was spent reads 0, not negative."""
+    assert fit_per_request_cpu(0.20, 0.02, 3.0, 6) == pytest.approx(0.14 / 6)
+    assert fit_per_request_cpu(0.05, 0.02, 3.0, 6) == 0.0
+    with pytest.raises(ValueError, match="per-request"):
+        fit_per_request_cpu(0.20, 0.02, 0.0, 6)

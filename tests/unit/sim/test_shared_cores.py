@@ -174,3 +174,35 @@ def test_a_colocated_step_that_computes_prompts_is_a_prompt_pass_on_the_shared_c
                                       requests), warmup_fraction=0.0)
         assert equal.ttft_s[i] == pytest.approx(2 * alone.ttft_s[i], rel=0.05), i
         assert weighted.ttft_s[i] == pytest.approx(3 * alone.ttft_s[i], rel=0.05), i
+
+
+def test_the_serving_path_runs_each_requests_own_work_as_a_job_on_the_shared_cores():
+    """serving_cpu_per_request_s (measured: a lone request of two tokens costs the server's processes outside the
+    engine stubs 10-17 ms of CPU): a job of one thread from the request's arrival, sharing the cores as a step
+    does. One core, a step of 1 s and a job of 0.5 s from 0 s: both at half speed until the job is done at 1.0 s,
+    then the step, 0.5 s done, alone to 1.5 s. On two cores nothing waits."""
+    for cores, step_end in ((1, 1.5), (2, 1.0)):
+        loop = EventLoop()
+        shared = SharedCores(SharedCoresSpec(cores), loop)
+        ends, instance = [], _Instance()
+        loop.push(0.0, lambda now_s, _: shared.serve(now_s, 0.5))
+        loop.push(0.0, lambda now_s, _: shared.run(instance, now_s, 1.0, lambda end_s, _: ends.append(end_s)))
+        loop.run()
+        assert ends == pytest.approx([step_end]) and not shared.jobs
+    with pytest.raises(ValueError, match="serving_cpu_per_request_s"):
+        SharedCoresSpec(cores=2, serving_cpu_per_request_s=-0.001)
+
+
+def test_requests_that_arrive_together_slow_the_passes_by_their_serving_work():
+    """Two colocated instances on two cores, a request each at 0 s (10 ms prefill steps): alone, each first token at
+    10 ms. With 5 ms of serving work per request, two steps and two jobs share the two cores at half speed until the
+    jobs are done (10 ms), the steps then 5 ms short: first tokens at 15 ms. A lone request's job changes nothing
+    (its step and its job, two threads on two cores)."""
+    perf = LinearPerf(prefill_fixed_s=0.01, decode_fixed_s=0.002)
+    both, lone = RequestArrays([0.0, 0.0], [16, 16], [4, 4]), RequestArrays([0.0], [16], [4])
+    plain = replace(colocated(perf, num=2), shared_cores=SharedCoresSpec(2))
+    served = replace(colocated(perf, num=2), shared_cores=SharedCoresSpec(2, serving_cpu_per_request_s=0.005))
+    assert latencies(simulate(plain, both), warmup_fraction=0.0).ttft_s == pytest.approx([0.010, 0.010])
+    assert latencies(simulate(served, both), warmup_fraction=0.0).ttft_s == pytest.approx([0.015, 0.015])
+    assert latencies(simulate(served, lone), warmup_fraction=0.0).ttft_s == \
+        pytest.approx(latencies(simulate(plain, lone), warmup_fraction=0.0).ttft_s)
