@@ -178,7 +178,7 @@ def test_a_colocated_step_that_computes_prompts_is_a_prompt_pass_on_the_shared_c
 
 def test_the_serving_path_runs_each_requests_own_work_as_a_job_on_the_shared_cores():
     """serving_cpu_per_request_s (measured: a lone request of two tokens costs the server's processes outside the
-    engine stubs 10-17 ms of CPU): a job of one thread from the request's arrival, sharing the cores as a step
+    engine stubs 8-12 ms of CPU): a job of one thread from the request's arrival, sharing the cores as a step
     does. One core, a step of 1 s and a job of 0.5 s from 0 s: both at half speed until the job is done at 1.0 s,
     then the step, 0.5 s done, alone to 1.5 s. On two cores nothing waits."""
     for cores, step_end in ((1, 1.5), (2, 1.0)):
