@@ -30,6 +30,7 @@ The validation workload (`benchmarks/validate_sim.py`) is a different, loaded sc
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -185,14 +186,19 @@ def fit_step_costs(periods: list[tuple[int, int, float]], curves) -> tuple[float
     return float(step), float(max(0.0, per_sequence))
 
 
-def fit_response_latency(lone: list[tuple[float, float]]) -> float:
+def fit_response_latency(lone: list[tuple[float, float, float]]) -> float:
     """The serving path's time around a request (pre/post-processing, the orchestrator, Triton's hops): the median,
     over lone requests (nothing else in the server), of the real TTFT beyond the simulated one for that request
-    without any response latency; (real, simulated) pairs, seconds. Pooled over two prompt lengths (100 and 512
-    tokens), LONE_ROUNDS of each: three requests of one length read 7.8 ms in one run and 20.7 ms in another."""
+    without any response latency, the simulated pass replaced by the server's own as the engine's trace timed it;
+    (real TTFT, simulated TTFT, the traced pass's median for that prompt length beyond the simulated pass), seconds.
+    Pooled over two prompt lengths (100 and 512 tokens), LONE_ROUNDS of each: three requests of one length read 7.8
+    ms in one run and 20.7 ms in another. The pass is the server's because the machine's speed moves between the
+    minute the profile's curves were timed and the probe's: in a run whose engine ran a 512-token pass in 145 ms
+    where the curves said 114, the latency read +38 ms against the simulated pass (2026-12-06 03:11), where the
+    path outside the pass takes 10-20."""
     if not lone:
         raise ValueError("no lone request to read the response latency from")
-    return max(0.0, float(statistics.median(real - sim for real, sim in lone)))
+    return max(0.0, float(statistics.median(real - sim - pass_beyond for real, sim, pass_beyond in lone)))
 
 
 def fit_prefill_pass(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -455,9 +461,11 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
             url = dep.server.grpc_url
             # every stub and the batch-8 path warm before anything is timed (a cold first round inflated the costs)
             run_stream(url, [BenchRequest(f"warmup-{i}", p, 16, 0.0) for i, p in enumerate(prompts)])
+            short_from = time.monotonic()
             ttft1, tpot1 = _real_samples(url, prompts[:1], LONE_ROUNDS, idle_before_s=LONE_IDLE_S)
             real1 = statistics.median(ttft1), statistics.median(tpot1)
             per_request_s = _per_request_cpu(url, prompts[0], serving_cpu_reader(dep, client=False))
+            short_span = (short_from, time.monotonic())   # lone prompts of PROMPT_TOKENS, each alone in its pass
             warm_every_instance(url, long_prompt, 1)
             prefill_engine = build_root / f"{'prefill' if mode == 'disaggregated' else mode}-tp1"
             lone_from = time.monotonic()
@@ -557,7 +565,16 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     cluster = replace(make(model, _with_serving(hardware, mode, overhead), opts), response_latency_s=0.0)
     sim1, sim8 = _simulated(cluster, 1), _simulated(cluster, BIG_BATCH)
     sim_long = _simulated(cluster, 1, LONG_PROMPT_TOKENS, 1)[0]
-    response_s = fit_response_latency([(t, sim1[0]) for t in ttft1] + [(t, sim_long) for t in ttft_long])
+    # the lone prompts' passes in the server as traced, beyond the simulated pass (fit_response_latency)
+    served = instance_perf(model, _with_serving(hardware, mode, overhead), 1, opts.weight_dtype, opts.kv_dtype,
+                           mode).perf
+    traced_pass_s = {PROMPT_TOKENS: float(statistics.median(
+        [end - start for records in traced.values()
+         for start, end in step_trace.prefill_passes(_in_span(records, short_span), PROMPT_TOKENS)] or [math.nan])),
+        LONG_PROMPT_TOKENS: float(statistics.median(served_passes[LONG_PROMPT_TOKENS]))}
+    pass_beyond_s = {n: 0.0 if math.isnan(x) else x - served.prefill_s(n, n * n) for n, x in traced_pass_s.items()}
+    response_s = fit_response_latency([(t, sim1[0], pass_beyond_s[PROMPT_TOKENS]) for t in ttft1] +
+                                      [(t, sim_long, pass_beyond_s[LONG_PROMPT_TOKENS]) for t in ttft_long])
     overhead = overhead.model_copy(update={"response_latency_s": response_s})
     progress(f"serving ({mode}): decode steps in the server {step_s * 1e3:+.2f} ms + {per_sequence_s * 1e3:.2f} ms per "
              f"sequence beyond the profile's pass ({len(alone)} steps at batches "
@@ -566,7 +583,9 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
              f"lone requests' TTFT beyond the simulated: {PROMPT_TOKENS} tokens +"
              f"{(real1[0] - sim1[0]) * 1e3:.1f} ms ({real1[0] * 1e3:.1f} real, median of {len(ttft1)}), "
              f"{LONG_PROMPT_TOKENS} tokens +{(statistics.median(ttft_long) - sim_long) * 1e3:.1f} ms (of "
-             f"{len(ttft_long)}) -> response +{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU "
+             f"{len(ttft_long)}), their passes in the server {pass_beyond_s[PROMPT_TOKENS] * 1e3:+.1f} / "
+             f"{pass_beyond_s[LONG_PROMPT_TOKENS] * 1e3:+.1f} ms beyond the simulated -> response "
+             f"+{overhead.response_latency_s * 1e3:.1f} ms; the serving path's CPU "
              f"{cpu_per_token_s * 1e3:.2f} ms per token and {per_request_s * 1e3:.1f} ms per request (lone requests of "
              f"{PER_REQUEST_TOKENS} tokens) on {host_cores} shared cores; a prompt of "
              f"{'/'.join(map(str, PASS_PROMPT_TOKENS))} tokens alone: the prefill pass "

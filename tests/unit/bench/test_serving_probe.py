@@ -195,11 +195,16 @@ def test_the_prefill_scale_is_timed_in_turns_so_the_machines_speed_cancels(monke
 def test_the_response_latency_is_the_median_over_lone_requests_of_both_lengths():
     from trtpd.bench.serving_probe import fit_response_latency
 
-    # (real TTFT, simulated without response latency): a slow outlier and a fast one do not move the median
-    lone = [(0.040, 0.020), (0.041, 0.020), (0.090, 0.020), (0.039, 0.020), (0.130, 0.112), (0.133, 0.112),
-            (0.131, 0.112), (0.112, 0.112)]
+    # (real TTFT, simulated without response latency, the traced pass beyond the simulated): a slow outlier and a
+    # fast one do not move the median
+    lone = [(0.040, 0.020, 0.0), (0.041, 0.020, 0.0), (0.090, 0.020, 0.0), (0.039, 0.020, 0.0), (0.130, 0.112, 0.0),
+            (0.133, 0.112, 0.0), (0.131, 0.112, 0.0), (0.112, 0.112, 0.0)]
     assert fit_response_latency(lone) == pytest.approx(0.0195)
-    assert fit_response_latency([(0.010, 0.020)]) == 0.0          # never negative
+    assert fit_response_latency([(0.010, 0.020, 0.0)]) == 0.0          # never negative
+    # the machine 30% slower than when the curves were timed: every pass (20 and 112 ms simulated) took 30% longer
+    # in the server, and so did the TTFTs by as much; the path outside the pass is the same
+    slower = [(real + 0.3 * sim, sim, 0.3 * sim) for real, sim, _ in lone]
+    assert fit_response_latency(slower) == pytest.approx(0.0195)
     with pytest.raises(ValueError, match="no lone request"):
         fit_response_latency([])
 
