@@ -256,7 +256,7 @@ def fit_per_request_cpu(cpu_s: float, idle_cpu_per_s: float, wall_s: float, num_
     over `wall_s` of lone requests (`cpu_s`) less what they spend idle over as long (`idle_cpu_per_s`: their loops
     poll), per request. Outside the engine stubs, as the per-token figure: the engine stubs' own serving work is in
     their steps' periods and passes (the step costs, prefill_pass_s). Measured on the 2-core reference fleet, 30
-    requests one after another, four times: 10.8-11.8 ms disaggregated, 8.0-9.0 colocated."""
+    requests one after another: 10.8-14.6 ms disaggregated, 7.4-11.2 colocated (2026-12-06)."""
     if num_requests < 1 or wall_s <= 0:
         raise ValueError(f"per-request CPU: {num_requests} requests over {wall_s} s; one or more over a span")
     return max(0.0, (cpu_s - idle_cpu_per_s * wall_s) / num_requests)

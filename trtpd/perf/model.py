@@ -31,7 +31,7 @@ class SharedCoresSpec:
     step_cores: float = 1.0               # the host's cores a step in flight takes as the other engines feel it
     prefill_weight: float = 1.0           # a prompt pass's share of the cores against a step that only decodes
     prefill_step_cores: float | None = None   # step_cores while a prompt pass is in flight (None: step_cores)
-    serving_cpu_per_request_s: float = 0.0     # the serving path's CPU per request beyond its tokens (a job from arrival)
+    serving_cpu_per_request_s: float = 0.0     # the serving path's CPU per request beyond its tokens (a job)
 
     def __post_init__(self) -> None:
         if self.cores < 1:

@@ -24,7 +24,7 @@ in cores:
 - one for each of the serving path's jobs in flight: every request's own work outside the engines and beyond its
   tokens (`serving_cpu_per_request_s`: intake, the orchestrator's hops, the KV handoff, the stream's end, in the
   server's processes but the engine stubs; measured on the 2-core reference fleet with lone requests of two tokens:
-  10.8-11.8 ms disaggregated, 8.0-9.0 colocated, where a lone request's first token takes 30-50 ms) runs as a job
+  10.8-14.6 ms disaggregated, 7.4-11.2 colocated, where a lone request's first token takes 30-50 ms) runs as a job
   of that many seconds from the request's arrival, one thread's core at most, sharing the cores as a step does.
   Beside a request's own prefill alone it changes nothing (two cores, two threads); where requests arrive together
   (bursts) their jobs take the cores from the passes in flight.
