@@ -566,8 +566,7 @@ def measure_serving_overhead(build_root: Path, hardware: HardwareProfile, mode: 
     sim1, sim8 = _simulated(cluster, 1), _simulated(cluster, BIG_BATCH)
     sim_long = _simulated(cluster, 1, LONG_PROMPT_TOKENS, 1)[0]
     # the lone prompts' passes in the server as traced, beyond the simulated pass (fit_response_latency)
-    served = instance_perf(model, _with_serving(hardware, mode, overhead), 1, opts.weight_dtype, opts.kv_dtype,
-                           mode).perf
+    served = (cluster.prefill or cluster.decode).perf   # the entry role's perf model, the serving terms in it
     traced_pass_s = {PROMPT_TOKENS: float(statistics.median(
         [end - start for records in traced.values()
          for start, end in step_trace.prefill_passes(_in_span(records, short_span), PROMPT_TOKENS)] or [math.nan])),

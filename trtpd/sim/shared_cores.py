@@ -145,36 +145,38 @@ class SharedCores:
         for step, speed in zip(steps, speeds):   # _push leaves self.steps as it is
             if speed != step.speed or step is started:
                 step.speed = speed
-                self._push(step, now_s)
+                self._push(step, id(step.instance), self._end, now_s)
         for key, job, speed in zip(list(self.jobs), jobs, speeds[len(steps):]):
             if speed != job.speed or job is started_job:
                 job.speed = speed
-                job.version = next(self._versions)
-                self.loop.push(now_s + max(0.0, job.remaining_s) / speed, self._job_end, (key, job.version))
+                self._push(job, key, self._job_end, now_s)
 
-    def _push(self, step: _Step, now_s: float) -> None:
-        step.version = next(self._versions)
-        self.loop.push(now_s + max(0.0, step.remaining_s) / step.speed, self._end, (id(step.instance), step.version))
+    def _push(self, item: _Step | _Job, key: int, end: Callable[[float, tuple[int, int]], None],
+              now_s: float) -> None:
+        """A new end event for a step or job at its speed now; any earlier one of it goes stale."""
+        item.version = next(self._versions)
+        self.loop.push(now_s + max(0.0, item.remaining_s) / item.speed, end, (key, item.version))
+
+    def _finish(self, table: dict, now_s: float, event: tuple[int, int]) -> _Step | _Job | None:
+        """The step or job an end event names, taken out of `table` with the speeds recomputed; None where it moved
+        since (a later event ends it)."""
+        key, version = event
+        item = table.get(key)
+        if item is None or item.version != version:
+            return None
+        self._progress(now_s)
+        del table[key]
+        self._reschedule(now_s)
+        return item
 
     def _end(self, now_s: float, event: tuple[int, int]) -> None:
-        key, version = event
-        step = self.steps.get(key)
-        if step is None or step.version != version:
-            return                               # moved since: a later event ends it
-        self._progress(now_s)
-        del self.steps[key]
-        self._reschedule(now_s)
-        step.instance.busy_s += (now_s - step.started_s) - step.alone_s
-        step.handler(now_s, step.arg)
+        step = self._finish(self.steps, now_s, event)
+        if step is not None:
+            step.instance.busy_s += (now_s - step.started_s) - step.alone_s
+            step.handler(now_s, step.arg)
 
     def _job_end(self, now_s: float, event: tuple[int, int]) -> None:
-        key, version = event
-        job = self.jobs.get(key)
-        if job is None or job.version != version:
-            return                               # moved since: a later event ends it
-        self._progress(now_s)
-        del self.jobs[key]
-        self._reschedule(now_s)
+        self._finish(self.jobs, now_s, event)
 
 
 def share(total: float, weights: list[float]) -> list[float]:
